@@ -1,0 +1,1 @@
+"""The array IR: op registry, core objects, text form, builder, executors."""

@@ -1,0 +1,360 @@
+"""Core IR objects: tensor types, values, ops, functions, and the verifier.
+
+Everything here is a small frozen dataclass. A `Function` is SSA and
+straight-line: every value is defined once (as a parameter or an op result)
+before it is used, and there is no control flow (layers are unrolled).
+
+A `Value` compares by identity, so it can key dictionaries during rewrites
+even when two functions reuse a name. Structural equality of whole functions
+(what `parse(print(fn)) == fn` needs) is `Function.__eq__`, which compares
+values by name and type.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DTYPES: tuple[str, ...] = ("f32", "bf16", "f16", "i32", "bool")
+FLOAT_DTYPES: frozenset[str] = frozenset({"f32", "bf16", "f16"})
+DTYPE_BYTES: Mapping[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "bool": 1}
+# numpy has no bfloat16: the reference executor computes bf16 in float32. It
+# checks program semantics, not rounding behaviour.
+NUMPY_DTYPES: Mapping[str, Any] = {
+    "f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32, "bool": np.bool_,
+}
+
+# Value and function names: hierarchical parameter names such as
+# `layers.3.attn.wq` or `opt.m.w1` must survive the text form unquoted.
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+class IRError(Exception):
+    """Base of every error about a malformed program (the CLI prints these)."""
+
+
+class VerifyError(IRError):
+    """A Function breaks an IR invariant; the message names the value and op."""
+
+
+def check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise IRError(
+            f"invalid {what} name {name!r}: use letters, digits, '_', '.', '-' "
+            "(not starting with '.' or '-')"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """A ranked tensor type: static shape and element dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise IRError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in self.shape):
+            raise IRError(f"invalid shape {self.shape!r}: dimensions must be non-negative ints")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_elements * DTYPE_BYTES[self.dtype]
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype)
+
+    def __str__(self) -> str:
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{self.dtype}>"
+
+
+def tensor(shape: tuple[int, ...] | list[int], dtype: str = "f32") -> TensorType:
+    """Shorthand constructor: `tensor([4, 8])` is `tensor<4x8xf32>`."""
+    return TensorType(tuple(shape), dtype)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Value:
+    """An SSA value. Compares and hashes by identity."""
+
+    name: str
+    type: TensorType
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+AttrValue = Any  # int | float | bool | str | tuple[AttrValue, ...]
+
+
+def freeze_attr(value: Any) -> AttrValue:
+    """Turn lists into tuples, recursively, so attribute values are hashable."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze_attr(v) for v in value)
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise IRError(f"unsupported attribute value {value!r} of type {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Attrs:
+    """An immutable attribute mapping, stored as key-sorted pairs."""
+
+    items: tuple[tuple[str, AttrValue], ...] = ()
+
+    @staticmethod
+    def of(mapping: Mapping[str, Any] | None = None) -> Attrs:
+        mapping = mapping or {}
+        return Attrs(tuple(sorted((k, freeze_attr(v)) for k, v in mapping.items())))
+
+    def __getitem__(self, key: str) -> AttrValue:
+        for k, v in self.items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> AttrValue:
+        for k, v in self.items:
+            if k == key:
+                return v
+        return default
+
+    def __contains__(self, key: str) -> bool:
+        return any(k == key for k, _ in self.items)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self.items)
+
+    def replace(self, **changes: Any) -> Attrs:
+        merged = dict(self.items)
+        merged.update(changes)
+        return Attrs.of(merged)
+
+    def as_dict(self) -> dict[str, AttrValue]:
+        return dict(self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation: `results = kind(operands) {attrs}`."""
+
+    kind: str
+    operands: tuple[Value, ...]
+    results: tuple[Value, ...]
+    attrs: Attrs = Attrs()
+
+    @property
+    def result(self) -> Value:
+        if len(self.results) != 1:
+            raise IRError(f"op {self.kind} has {len(self.results)} results, not one")
+        return self.results[0]
+
+    def describe(self) -> str:
+        lhs = ", ".join(f"%{r.name}" for r in self.results)
+        rhs = ", ".join(f"%{o.name}" for o in self.operands)
+        return f"'{lhs} = {self.kind}({rhs})'"
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """A named device mesh, e.g. `Mesh.of(batch=4, model=2)`; axes major to minor."""
+
+    axes: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(**axes: int) -> Mesh:
+        return Mesh.from_pairs(axes.items())
+
+    @staticmethod
+    def from_pairs(pairs: Any) -> Mesh:
+        mesh = Mesh(tuple((str(n), int(s)) for n, s in pairs))
+        names = [n for n, _ in mesh.axes]
+        if len(set(names)) != len(names):
+            raise IRError(f"mesh axis names must be distinct, got {names}")
+        for name, size in mesh.axes:
+            check_name(name, "mesh axis")
+            if size < 1:
+                raise IRError(f"mesh axis {name!r} must have size >= 1, got {size}")
+        return mesh
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(s for _, s in self.axes)
+
+    def axis_index(self, axis: str) -> int:
+        if axis not in self.names:
+            raise IRError(f"unknown mesh axis {axis!r}; mesh axes are {list(self.names) or 'none'}")
+        return self.names.index(axis)
+
+    def size(self, axis: str) -> int:
+        return self.axes[self.axis_index(axis)][1]
+
+    def group_size(self, axes: tuple[str, ...]) -> int:
+        return math.prod(self.size(a) for a in axes)
+
+    def __bool__(self) -> bool:
+        return bool(self.axes)
+
+    def device_coords(self) -> list[tuple[int, ...]]:
+        """Mesh coordinates of every device; device ids number them row-major."""
+        return list(itertools.product(*(range(s) for _, s in self.axes)))
+
+    def groups(self, axes: tuple[str, ...]) -> list[list[int]]:
+        """Device ids of each collective group over `axes`.
+
+        A group holds the devices that agree on every other axis; within a
+        group, devices are ordered by their coordinates along `axes` with the
+        first listed axis major. Groups come in order of their first device.
+        """
+        positions = [self.axis_index(a) for a in axes]
+        by_key: dict[tuple[int, ...], dict[int, int]] = {}
+        for device, coord in enumerate(self.device_coords()):
+            key = tuple(c for i, c in enumerate(coord) if i not in positions)
+            rank = 0
+            for p in positions:
+                rank = rank * self.axes[p][1] + coord[p]
+            by_key.setdefault(key, {})[rank] = device
+        return [[members[r] for r in sorted(members)] for members in by_key.values()]
+
+    def __str__(self) -> str:
+        return "mesh<" + ", ".join(f"{n}={s}" for n, s in self.axes) + ">"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Function:
+    """A straight-line SSA function. `mesh` is empty for global programs and
+    names the device mesh for device-local (SPMD) programs."""
+
+    name: str
+    params: tuple[Value, ...]
+    ops: tuple[Op, ...]
+    results: tuple[Value, ...]
+    mesh: Mesh = field(default_factory=Mesh)
+
+    def structure(self) -> tuple:
+        """A name-based key: equal for structurally identical functions."""
+
+        def val(v: Value) -> tuple:
+            return (v.name, v.type)
+
+        return (
+            self.name,
+            self.mesh,
+            tuple(val(p) for p in self.params),
+            tuple(
+                (op.kind, tuple(val(o) for o in op.operands), tuple(val(r) for r in op.results), op.attrs)
+                for op in self.ops
+            ),
+            tuple(val(r) for r in self.results),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Function):
+            return NotImplemented
+        return self.structure() == other.structure()
+
+    def __hash__(self) -> int:
+        return hash(self.structure())
+
+    def param(self, name: str) -> Value:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise IRError(f"function @{self.name} has no parameter %{name}")
+
+    def values(self) -> Iterator[Value]:
+        """Every value defined in the function: parameters, then op results in order."""
+        yield from self.params
+        for op in self.ops:
+            yield from op.results
+
+    def __str__(self) -> str:
+        from ir.text import print_function  # text depends on core, not the reverse
+
+        return print_function(self)
+
+
+def producers(fn: Function) -> dict[Value, Op]:
+    """Map each op result to the op defining it (parameters are absent)."""
+    return {r: op for op in fn.ops for r in op.results}
+
+
+def users(fn: Function) -> dict[Value, list[Op]]:
+    """Map each value to the ops that use it, in program order (once per op)."""
+    out: dict[Value, list[Op]] = {v: [] for v in fn.values()}
+    for op in fn.ops:
+        for v in dict.fromkeys(op.operands):
+            out.setdefault(v, []).append(op)
+    return out
+
+
+def verify(fn: Function) -> Function:
+    """Check SSA, straight-line order and types; return `fn` or raise VerifyError.
+
+    Types are checked by re-running each op kind's shape rule from the
+    registry, so the verifier and shape inference can never disagree.
+    """
+    from ir.ops import infer_results  # the registry sits above core
+
+    check_name(fn.name, "function")
+    defined: dict[str, Value] = {}
+    for p in fn.params:
+        define(defined, p, f"parameter of @{fn.name}")
+    for index, op in enumerate(fn.ops):
+        verify_op(op, defined, fn.mesh, index, infer_results)
+    for r in fn.results:
+        if defined.get(r.name) is not r:
+            raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")
+    return fn
+
+
+def define(defined: dict[str, Value], value: Value, where: str) -> None:
+    check_name(value.name, "value")
+    if value.name in defined:
+        raise VerifyError(f"value %{value.name} is defined twice (again as {where})")
+    defined[value.name] = value
+
+
+def verify_op(op: Op, defined: dict[str, Value], mesh: Mesh, index: int, infer_results: Any) -> None:
+    """Check one op against the values defined so far, then define its results."""
+    where = f"op #{index} {op.describe()}"
+    for operand in op.operands:
+        known = defined.get(operand.name)
+        if known is None:
+            raise VerifyError(f"value %{operand.name} is used before it is defined, in {where}")
+        if known is not operand:
+            raise VerifyError(
+                f"value %{operand.name} in {where} is not the value defined under that name"
+            )
+    try:
+        expected = infer_results(op.kind, tuple(o.type for o in op.operands), op.attrs, mesh)
+    except IRError as err:
+        raise VerifyError(f"{where}: {err}") from None
+    got = tuple(r.type for r in op.results)
+    if got != expected:
+        shown = ", ".join(map(str, expected))
+        actual = ", ".join(map(str, got))
+        raise VerifyError(f"type mismatch in {where}: declared {actual}, but {op.kind} gives {shown}")
+    for r in op.results:
+        define(defined, r, where)

@@ -1,0 +1,1 @@
+"""Op kinds by family; `ir.ops` imports these modules to register them."""

@@ -1,0 +1,63 @@
+"""reduce: combine a tensor over some dimensions with sum, max or min.
+
+Factor rule: reduced dimensions are reduction factors carrying the
+combiner; the others are parallel. `reduce(x) {dims=[1], combiner="sum"}` on
+a matrix is `(i,j)->(i) {j:sum}`: sharding j leaves partial sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.core import Attrs, Mesh, TensorType
+from ir.ops import (
+    AttrSpec,
+    FactorRule,
+    OpCost,
+    OpDef,
+    Types,
+    attr_choice,
+    attr_ints,
+    check_dim,
+    io_bytes,
+    register,
+    require,
+)
+
+COMBINERS = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+def _infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    (x,) = types
+    dims = attrs["dims"]
+    for d in dims:
+        check_dim("reduce", d, x.rank)
+    require(len(set(dims)) == len(dims), f"reduce: dimension listed twice in {list(dims)}")
+    require(x.dtype != "bool" or attrs["combiner"] != "sum", f"reduce: cannot sum a bool tensor {x}")
+    return (TensorType(tuple(s for d, s in enumerate(x.shape) if d not in dims), x.dtype),)
+
+
+def _factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    (x,) = operand_types
+    names = [f"r{d}" if d in attrs["dims"] else f"d{d}" for d in range(x.rank)]
+    kept = [n for d, n in enumerate(names) if d not in attrs["dims"]]
+    combiners = {f"r{d}": attrs["combiner"] for d in attrs["dims"]}
+    return FactorRule.build(operand_types, result_types, [names], [kept], combiners=combiners)
+
+
+def _cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:
+    # One combine per input element.
+    return OpCost(operand_types[0].num_elements, io_bytes(operand_types, result_types))
+
+
+def _impl(args, attrs: Attrs):
+    (x,) = args
+    return (np.asarray(COMBINERS[attrs["combiner"]](x, axis=tuple(attrs["dims"]))),)
+
+
+register(OpDef(
+    "reduce", "reduction", 1,
+    (AttrSpec("dims", attr_ints), AttrSpec("combiner", attr_choice(*COMBINERS), "sum")),
+    _infer, _factors, _cost, impl=_impl,
+    doc="combine over `dims` with `combiner` (sum, max, min)",
+))

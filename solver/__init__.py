@@ -1,0 +1,1 @@
+"""Plans, tactics, search backends and the `shardplan` command line."""
