@@ -108,6 +108,8 @@ def freeze_attr(value: Any) -> AttrValue:
     """Turn lists into tuples, recursively, so attribute values are hashable."""
     if isinstance(value, (list, tuple)):
         return tuple(freeze_attr(v) for v in value)
+    if isinstance(value, np.generic) and not isinstance(value, np.str_):
+        return value.item()  # numpy scalars (shapes computed with numpy) become Python numbers
     if isinstance(value, (bool, int, float, str)):
         return value
     raise IRError(f"unsupported attribute value {value!r} of type {type(value).__name__}")

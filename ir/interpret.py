@@ -61,7 +61,9 @@ def _bind(fn: Function, inputs: Mapping[str, Any] | Sequence[Any], convert: Call
         missing = [p.name for p in fn.params if p.name not in inputs]
         extra = sorted(set(inputs) - {p.name for p in fn.params})
         if missing or extra:
-            raise InterpretError(f"@{fn.name}: missing inputs {missing}, unexpected inputs {extra}")
+            problems = [f"{what} inputs {names}" for what, names in (("missing", missing), ("unexpected", extra))
+                        if names]
+            raise InterpretError(f"@{fn.name}: {', '.join(problems)}; it takes {[p.name for p in fn.params]}")
         return {p: convert(p, inputs[p.name]) for p in fn.params}
     if len(inputs) != len(fn.params):
         raise InterpretError(f"@{fn.name} takes {len(fn.params)} inputs, got {len(inputs)}")

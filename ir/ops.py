@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ir.core import Attrs, AttrValue, IRError, Mesh, Op, TensorType, Value, freeze_attr
+from ir.core import DTYPES, Attrs, AttrValue, IRError, Mesh, Op, TensorType, Value, freeze_attr
 
 
 class OpError(IRError):
@@ -121,22 +121,21 @@ class FactorRule:
         return FactorRule(factors, encode(operands), encode(results))
 
     def __str__(self) -> str:
-        def dims(tensors: tuple) -> str:
-            parts = []
-            for t in tensors:
-                parts.append(
-                    "(" + ",".join("".join(self.factors[i].name for i in d) if len(d) == 1
-                                   else "[" + "*".join(self.factors[i].name for i in d) + "]"
-                                   for d in t) + ")"
-                )
-            return ",".join(parts)
+        """Einsum form: `(m0,k0),(k0,n0)->(m0,n0) {k0:sum}`; a multi-factor dim prints as `[a*b]`."""
+
+        def dim(d: DimFactors) -> str:
+            names = [self.factors[i].name for i in d]
+            return names[0] if len(names) == 1 else "[" + "*".join(names) + "]"
+
+        def tensors(ts: tuple) -> str:
+            return ",".join("(" + ",".join(dim(d) for d in t) + ")" for t in ts)
 
         notes = [
-            f"{f.name}:{f.combiner}" if f.kind is FactorKind.REDUCTION else f"{f.name}:{f.kind.value}"
+            f"{f.name}:{f.combiner if f.kind is FactorKind.REDUCTION else f.kind.value}"
             for f in self.factors
             if f.kind is not FactorKind.PARALLEL
         ]
-        text = f"{dims(self.operands)}->{dims(self.results)}"
+        text = f"{tensors(self.operands)}->{tensors(self.results)}"
         return text + (" {" + ", ".join(notes) + "}" if notes else "")
 
 
@@ -231,10 +230,7 @@ def attr_choice(*choices: str) -> Callable[[Any], str]:
     return check
 
 
-def attr_dtype(v: Any) -> str:
-    from ir.core import DTYPES
-
-    return attr_choice(*DTYPES)(v)
+attr_dtype = attr_choice(*DTYPES)
 
 
 # --------------------------------------------------------------------------
@@ -315,7 +311,7 @@ def normalize_attrs(kind: str, attrs: Mapping[str, Any] | Attrs | None) -> Attrs
         if spec.name in given:
             try:
                 out[spec.name] = spec.check(freeze_attr(given[spec.name]))
-            except ValueError as err:
+            except (ValueError, IRError) as err:
                 raise OpError(f"{kind}: attribute {spec.name!r}: {err}") from None
         elif spec.default is REQUIRED:
             raise OpError(f"{kind}: missing required attribute {spec.name!r}")

@@ -50,9 +50,24 @@ def _cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:
     return OpCost(operand_types[0].num_elements, io_bytes(operand_types, result_types))
 
 
+def identity(combiner: str, dtype: np.dtype) -> int | float | bool:
+    """The combiner's identity: what a reduction over an empty dimension gives."""
+    if combiner == "sum":
+        return 0
+    biggest = combiner == "min"
+    if np.issubdtype(dtype, np.floating):
+        return np.inf if biggest else -np.inf
+    if dtype == np.bool_:
+        return biggest
+    info = np.iinfo(dtype)
+    return info.max if biggest else info.min
+
+
 def _impl(args, attrs: Attrs):
     (x,) = args
-    return (np.asarray(COMBINERS[attrs["combiner"]](x, axis=tuple(attrs["dims"]))),)
+    combiner = attrs["combiner"]
+    total = COMBINERS[combiner](x, axis=tuple(attrs["dims"]), initial=identity(combiner, x.dtype))
+    return (np.asarray(total),)
 
 
 register(OpDef(
