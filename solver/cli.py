@@ -25,6 +25,9 @@ from ir.text import parse_file
 
 EXIT_INPUT_ERROR = 1
 EXIT_INTERNAL_ERROR = 70
+# `run` is a semantics check on small shapes; refuse values that would not fit
+# comfortably in this machine's memory rather than die in numpy.
+MAX_RUN_BYTES = 1 << 30
 
 
 def version() -> str:
@@ -54,6 +57,12 @@ def run_program(path: str, seed: int) -> dict[str, Any]:
     independent random inputs per device; its checksums add up all devices.
     """
     fn = parse_file(path)
+    largest = max(fn.values(), key=lambda v: v.type.num_bytes, default=None)
+    if largest is not None and largest.type.num_bytes > MAX_RUN_BYTES:
+        raise IRError(
+            f"{path}: too large to execute: %{largest.name} is {largest.type} "
+            f"({largest.type.num_bytes / 2**30:.1f} GiB); `run` executes small programs, for checking semantics"
+        )
     if fn.mesh:
         per_device = [interpret.random_inputs(fn, seed + d) for d in range(fn.mesh.num_devices)]
         inputs = {p.name: [dev[p.name] for dev in per_device] for p in fn.params}

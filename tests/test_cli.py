@@ -80,6 +80,15 @@ def test_bad_ir_gives_one_line_error(capsys, tmp_path, text, fragment):
     assert err.count("\n") == 1 and fragment in err and err.startswith("shardplan: error: ")
 
 
+def test_programs_too_large_to_execute_are_refused(capsys, tmp_path):
+    path = tmp_path / "big.ir"
+    path.write_text("func @big(%x: tensor<65536x65536xf32>) -> (tensor<65536x65536xf32>) {\n"
+                    "  %y = neg(%x) : tensor<65536x65536xf32>\n  return %y\n}\n")
+    code, _, err = shardplan(capsys, "run", str(path))
+    assert code == cli.EXIT_INPUT_ERROR
+    assert "too large to execute: %x is tensor<65536x65536xf32> (16.0 GiB)" in err
+
+
 def test_missing_file_is_a_one_line_error(capsys, tmp_path):
     code, _, err = shardplan(capsys, "run", str(tmp_path / "absent.ir"))
     assert code == cli.EXIT_INPUT_ERROR
