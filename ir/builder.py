@@ -55,6 +55,14 @@ class Builder:
         self.params.append(value)
         return value
 
+    def adopt(self, fn: Function) -> None:
+        """Take over `fn`'s parameters and ops (the same Value objects), so new
+        ops can extend it: how autodiff appends a backward pass."""
+        for v in fn.values():
+            self._fresh(v.name)
+        self.params.extend(fn.params)
+        self.body.extend(fn.ops)
+
     def op(self, kind: str, operands: Sequence[Value], name: str | None = None, **attrs: Any) -> Value:
         """Emit a single-result op and return its result."""
         op = ops.make_op(kind, operands, attrs, [self._fresh(name)], self.mesh)
@@ -171,6 +179,13 @@ class Builder:
 
     def gather(self, table: Value, indices: Value, axis: int = 0, name: str | None = None) -> Value:
         return self.op("gather", [table, indices], name, axis=axis)
+
+    def scatter_add(self, updates: Value, indices: Value, axis: int, size: int, name: str | None = None) -> Value:
+        return self.op("scatter_add", [updates, indices], name, axis=axis, size=size)
+
+    def pad(self, x: Value, low: Sequence[int], high: Sequence[int], interior: Sequence[int] = (),
+            name: str | None = None) -> Value:
+        return self.op("pad", [x], name, low=list(low), high=list(high), interior=list(interior))
 
     def iota(self, shape: Sequence[int], dimension: int = 0, dtype: str = "i32", name: str | None = None) -> Value:
         return self.op("iota", [], name, shape=list(shape), dtype=dtype, dimension=dimension)

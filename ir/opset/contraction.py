@@ -106,9 +106,40 @@ def _impl(args, attrs: Attrs):
     return (np.einsum(spec, lhs, rhs),)
 
 
+def _laid_out(b, d, slots: list[int]):
+    """Transpose `d` so that its dim i is the one `slots` says holds operand dim i."""
+    perm = [slots.index(i) for i in range(len(slots))]
+    return d if perm == sorted(perm) else b.transpose(d, perm)
+
+
+def _vjp(b, op, g, wanted):
+    """d lhs = g . rhs over the rhs free dims; d rhs = lhs . g over the lhs free dims.
+
+    The operand orders are chosen so that a plain matmul's cotangents come out
+    in the operands' layouts without a transpose.
+    """
+    lhs, rhs = op.operands
+    (lb, rb), (lc, rc) = op.attrs["batch"], op.attrs["contract"]
+    lf, rf = _free_dims(lhs.type.rank, lb, lc), _free_dims(rhs.type.rank, rb, rc)
+    nb = len(lb)
+    g_batch = list(range(nb))
+    g_lhs = list(range(nb, nb + len(lf)))  # g's dims that came from lhs
+    g_rhs = list(range(nb + len(lf), nb + len(lf) + len(rf)))
+    out = [None, None]
+    if wanted[0]:
+        # dims: batch, lhs free, then rhs's contracting dims in ascending order
+        d = b.dot_general(g, rhs, [g_rhs, rf], [g_batch, list(rb)])
+        out[0] = _laid_out(b, d, list(lb) + lf + [lc[rc.index(k)] for k in sorted(rc)])
+    if wanted[1]:
+        # dims: batch, lhs's contracting dims (as rhs dims) in ascending lhs order, rhs free
+        d = b.dot_general(lhs, g, [lf, g_lhs], [list(lb), g_batch])
+        out[1] = _laid_out(b, d, list(rb) + [rc[lc.index(k)] for k in sorted(lc)] + rf)
+    return tuple(out)
+
+
 register(OpDef(
     "dot_general", "contraction", 2,
     (AttrSpec("batch", attr_int_pair, ((), ())), AttrSpec("contract", attr_int_pair)),
-    _infer, _factors, _cost, impl=_impl,
+    _infer, _factors, _cost, impl=_impl, vjp=_vjp,
     doc="batched contraction; result dims = batch, lhs free, rhs free",
 ))

@@ -62,18 +62,66 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, np.zeros((), x.dtype))
 
 
-# name -> (numpy function, float-only?, flops per element, doc)
-UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], bool, int, str]] = {
-    "neg": (np.negative, False, 1, "-x"),
-    "exp": (np.exp, True, 1, "e**x"),
-    "log": (np.log, True, 1, "natural logarithm"),
-    "tanh": (np.tanh, True, 1, "hyperbolic tangent"),
-    "sqrt": (np.sqrt, True, 1, "square root"),
-    "rsqrt": (_rsqrt, True, 1, "1 / sqrt(x)"),
-    "relu": (_relu, False, 1, "max(x, 0)"),
+# Reverse-mode rules. Each gets the builder emitting the backward program, the
+# op, the cotangent g of its result and which operands need a cotangent; it
+# returns one cotangent (or None) per operand. They may use the op's result.
+
+
+def _vjp_exp(b, op, g, wanted):
+    return (b.mul(g, op.result),)
+
+
+def _vjp_log(b, op, g, wanted):
+    return (b.div(g, op.operands[0]),)
+
+
+def _vjp_tanh(b, op, g, wanted):
+    y = op.result
+    return (b.mul(g, b.sub(1.0, b.mul(y, y))),)
+
+
+def _vjp_sqrt(b, op, g, wanted):
+    return (b.div(b.mul(g, 0.5), op.result),)
+
+
+def _vjp_rsqrt(b, op, g, wanted):
+    # d/dx x**-1/2 = -1/2 * x**-1/2 / x
+    return (b.mul(b.mul(g, -0.5), b.div(op.result, op.operands[0])),)
+
+
+def _vjp_relu(b, op, g, wanted):
+    return (b.select(b.compare(op.operands[0], 0.0, "gt"), g, 0.0),)
+
+
+def _vjp_gelu(b, op, g, wanted):
+    # y = x/2 (1 + t), t = tanh(u), u = c (x + 0.044715 x^3):
+    # dy/dx = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 * 0.044715 x^2)
+    x = op.operands[0]
+    c = float(np.sqrt(2.0 / np.pi))
+    x2 = b.mul(x, x)
+    t = b.tanh(b.mul(b.add(x, b.mul(b.mul(x2, x), 0.044715)), c))
+    du = b.mul(b.add(b.mul(x2, 3 * 0.044715), 1.0), c)
+    dy = b.add(b.mul(b.add(t, 1.0), 0.5), b.mul(b.mul(b.mul(x, 0.5), b.sub(1.0, b.mul(t, t))), du))
+    return (b.mul(g, dy),)
+
+
+def _vjp_logistic(b, op, g, wanted):
+    y = op.result
+    return (b.mul(g, b.mul(y, b.sub(1.0, y))),)
+
+
+# name -> (numpy function, float-only?, flops per element, VJP, doc)
+UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], bool, int, Callable, str]] = {
+    "neg": (np.negative, False, 1, lambda b, op, g, wanted: (b.neg(g),), "-x"),
+    "exp": (np.exp, True, 1, _vjp_exp, "e**x"),
+    "log": (np.log, True, 1, _vjp_log, "natural logarithm"),
+    "tanh": (np.tanh, True, 1, _vjp_tanh, "hyperbolic tangent"),
+    "sqrt": (np.sqrt, True, 1, _vjp_sqrt, "square root"),
+    "rsqrt": (_rsqrt, True, 1, _vjp_rsqrt, "1 / sqrt(x)"),
+    "relu": (_relu, False, 1, _vjp_relu, "max(x, 0)"),
     # gelu's tanh approximation is a handful of multiply-adds and one tanh.
-    "gelu": (_gelu, True, 8, "tanh-approximated GELU"),
-    "logistic": (_logistic, True, 1, "1 / (1 + e**-x)"),
+    "gelu": (_gelu, True, 8, _vjp_gelu, "tanh-approximated GELU"),
+    "logistic": (_logistic, True, 1, _vjp_logistic, "1 / (1 + e**-x)"),
 }
 
 
@@ -93,10 +141,10 @@ def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], float_only: bool) 
     return infer, impl
 
 
-for _name, (_fn, _float_only, _flops, _doc) in UNARY.items():
+for _name, (_fn, _float_only, _flops, _vjp, _doc) in UNARY.items():
     _infer, _impl = _unary(_name, _fn, _float_only)
     register(OpDef(_name, "elementwise", 1, (), _infer, elementwise_factors, elementwise_cost(_flops),
-                   impl=_impl, doc=_doc))
+                   impl=_impl, vjp=_vjp, doc=_doc))
 
 
 def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -107,13 +155,34 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a / b
 
 
-BINARY: dict[str, tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]] = {
-    "add": (np.add, "a + b"),
-    "sub": (np.subtract, "a - b"),
-    "mul": (np.multiply, "a * b"),
-    "div": (_divide, "a / b (integers truncate toward zero)"),
-    "max": (np.maximum, "elementwise maximum"),
-    "min": (np.minimum, "elementwise minimum"),
+def _vjp_mul(b, op, g, wanted):
+    lhs, rhs = op.operands
+    return (b.mul(g, rhs) if wanted[0] else None, b.mul(g, lhs) if wanted[1] else None)
+
+
+def _vjp_div(b, op, g, wanted):
+    # d(a/c)/dc = -(a/c)/c: reuse the result
+    ga = b.div(g, op.operands[1])
+    return (ga if wanted[0] else None, b.neg(b.mul(ga, op.result)) if wanted[1] else None)
+
+
+def _vjp_pick(direction: str) -> Callable:
+    """max/min: the cotangent goes to the operand that was picked (lhs on ties)."""
+
+    def vjp(b, op, g, wanted):
+        picked = b.compare(op.operands[0], op.operands[1], direction)
+        return (b.select(picked, g, 0.0) if wanted[0] else None, b.select(picked, 0.0, g) if wanted[1] else None)
+
+    return vjp
+
+
+BINARY: dict[str, tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], Callable, str]] = {
+    "add": (np.add, lambda b, op, g, wanted: (g, g), "a + b"),
+    "sub": (np.subtract, lambda b, op, g, wanted: (g, b.neg(g) if wanted[1] else None), "a - b"),
+    "mul": (np.multiply, _vjp_mul, "a * b"),
+    "div": (_divide, _vjp_div, "a / b (integers truncate toward zero)"),
+    "max": (np.maximum, _vjp_pick("ge"), "elementwise maximum"),
+    "min": (np.minimum, _vjp_pick("le"), "elementwise minimum"),
 }
 
 
@@ -132,10 +201,10 @@ def _binary(name: str, fn: Callable) -> tuple[Callable, Callable]:
     return infer, impl
 
 
-for _name, (_fn, _doc) in BINARY.items():
+for _name, (_fn, _vjp, _doc) in BINARY.items():
     _infer, _impl = _binary(_name, _fn)
     register(OpDef(_name, "elementwise", 2, (), _infer, elementwise_factors, elementwise_cost(1),
-                   impl=_impl, doc=_doc))
+                   impl=_impl, vjp=_vjp, doc=_doc))
 
 
 COMPARISONS: dict[str, Callable] = {
@@ -155,6 +224,7 @@ register(OpDef(
     (AttrSpec("direction", attr_choice(*COMPARISONS)),),
     _compare_infer, elementwise_factors, elementwise_cost(1),
     impl=lambda args, attrs: (COMPARISONS[attrs["direction"]](args[0], args[1]),),
+    vjp=lambda b, op, g, wanted: (None, None),  # a bool result carries no gradient
     doc="a <direction> b -> bool",
 ))
 
@@ -170,6 +240,11 @@ def _select_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
 register(OpDef(
     "select", "elementwise", 3, (), _select_infer, elementwise_factors, elementwise_cost(1),
     impl=lambda args, attrs: (np.where(args[0], args[1], args[2]),),
+    vjp=lambda b, op, g, wanted: (
+        None,
+        b.select(op.operands[0], g, 0.0) if wanted[1] else None,
+        b.select(op.operands[0], 0.0, g) if wanted[2] else None,
+    ),
     doc="pred ? on_true : on_false",
 ))
 
@@ -190,5 +265,8 @@ register(OpDef(
     "convert", "elementwise", 1, (AttrSpec("dtype", attr_dtype),),
     _convert_infer, elementwise_factors, elementwise_cost(0),
     impl=lambda args, attrs: (_convert(args[0], attrs["dtype"]),),
+    # Only float -> float converts are differentiable; autodiff never asks for
+    # a cotangent of an integer operand.
+    vjp=lambda b, op, g, wanted: (b.convert(g, op.operands[0].type.dtype),),
     doc="change the element type",
 ))

@@ -94,10 +94,25 @@ def _broadcast_impl(args, attrs: Attrs):
     return (np.broadcast_to(x.reshape(expanded), shape).copy(),)
 
 
+def _broadcast_vjp(b, op, g, wanted):
+    """Sum the cotangent over the dims the broadcast created or stretched, then
+    lay the rest out like the operand (stretched size-1 dims come back by reshape)."""
+    x, dims = op.operands[0].type, op.attrs["dims"]
+    lined_up = [i for i in range(x.rank) if x.shape[i] == op.result.type.shape[dims[i]]]
+    summed = sorted(set(range(op.result.type.rank)) - {dims[i] for i in lined_up})
+    r = b.reduce(g, summed) if summed else g
+    order = sorted(lined_up, key=lambda i: dims[i])  # operand dim held by each dim of r
+    perm = [order.index(i) for i in lined_up]
+    if perm != sorted(perm):
+        r = b.transpose(r, perm)
+    return (r if r.type.shape == x.shape else b.reshape(r, x.shape),)
+
+
 register(OpDef(
     "broadcast_in_dim", "layout", 1,
     (AttrSpec("shape", attr_ints), AttrSpec("dims", attr_ints)),
     _broadcast_infer, _broadcast_factors, _move_cost, impl=_broadcast_impl, localize=local_shape_attrs,
+    vjp=_broadcast_vjp,
     doc="operand dim i becomes result dim dims[i]; size-1 dims stretch",
 ))
 
@@ -122,6 +137,7 @@ register(OpDef(
     "transpose", "layout", 1, (AttrSpec("perm", attr_ints),),
     _transpose_infer, _transpose_factors, _move_cost,
     impl=lambda args, attrs: (np.transpose(args[0], attrs["perm"]),),
+    vjp=lambda b, op, g, wanted: (b.transpose(g, np.argsort(op.attrs["perm"]).tolist()),),
     doc="result dim i is operand dim perm[i]",
 ))
 
@@ -243,6 +259,7 @@ register(OpDef(
     lambda operand_types, result_types, attrs: OpCost(0, 0),
     impl=lambda args, attrs: (args[0].reshape(attrs["shape"]),),
     localize=local_shape_attrs,
+    vjp=lambda b, op, g, wanted: (b.reshape(g, op.operands[0].type.shape),),
     doc="row-major reshape (split/merge of dimensions)",
 ))
 
@@ -272,10 +289,23 @@ def _concat_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> 
     return FactorRule.build(operand_types, result_types, operand_dims, result_dims, opaque=opaque)
 
 
+def _concat_vjp(b, op, g, wanted):
+    dim, shape = op.attrs["dim"], g.type.shape
+    out, offset = [], 0
+    for x, want in zip(op.operands, wanted):
+        size = x.type.shape[dim]
+        start = [offset if d == dim else 0 for d in range(len(shape))]
+        limit = [offset + size if d == dim else s for d, s in enumerate(shape)]
+        out.append(b.slice(g, start, limit) if want else None)
+        offset += size
+    return tuple(out)
+
+
 register(OpDef(
     "concatenate", "layout", None, (AttrSpec("dim", attr_int),),
     _concat_infer, _concat_factors, _move_cost,
     impl=lambda args, attrs: (np.concatenate(args, axis=attrs["dim"]),),
+    vjp=_concat_vjp,
     doc="join operands along `dim`",
 ))
 
@@ -331,10 +361,20 @@ def _slice_impl(args, attrs: Attrs):
     return (x[tuple(slice(s, e, k) for s, e, k in zip(attrs["start"], attrs["limit"], stride))],)
 
 
+def _slice_vjp(b, op, g, wanted):
+    """Zero-pad the cotangent back into place: pad is the transpose of slice."""
+    x = op.operands[0].type
+    stride = _slice_strides(op.attrs, x.rank)
+    low = list(op.attrs["start"])
+    high = [x.shape[d] - (low[d] + (g.type.shape[d] - 1) * stride[d] + 1) if g.type.shape[d] else x.shape[d] - low[d]
+            for d in range(x.rank)]
+    return (b.pad(g, low, high, [s - 1 for s in stride]),)
+
+
 register(OpDef(
     "slice", "layout", 1,
     (AttrSpec("start", attr_ints), AttrSpec("limit", attr_ints), AttrSpec("stride", attr_ints, ())),
-    _slice_infer, _slice_factors, _move_cost, impl=_slice_impl, localize=_slice_localize,
+    _slice_infer, _slice_factors, _move_cost, impl=_slice_impl, localize=_slice_localize, vjp=_slice_vjp,
     doc="x[start:limit:stride] per dimension (empty stride: all 1)",
 ))
 
@@ -369,11 +409,120 @@ register(OpDef(
     _gather_infer, _gather_factors, _gather_cost,
     # Out-of-range indices clamp, as XLA's gather does.
     impl=lambda args, attrs: (np.take(args[0], args[1], axis=attrs["axis"], mode="clip"),),
+    vjp=lambda b, op, g, wanted: (
+        b.scatter_add(g, op.operands[1], op.attrs["axis"], op.operands[0].type.shape[op.attrs["axis"]]), None),
     doc="take slices of the operand along `axis` at integer indices (embedding lookup)",
 ))
 
 
+# ---- pad (zero padding; the transpose of slice)
+
+
+def _pad_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    (x,) = types
+    low, high, interior = attrs["low"], attrs["high"], attrs["interior"] or (0,) * x.rank
+    require(len(low) == len(high) == len(interior) == x.rank,
+            f"pad: low, high and interior need {x.rank} entries each for {x}")
+    require(all(v >= 0 for v in low + high + interior), "pad: low, high and interior must be non-negative")
+    shape = tuple(lo + n + max(n - 1, 0) * i + hi for lo, n, i, hi in zip(low, x.shape, interior, high))
+    return (TensorType(shape, x.dtype),)
+
+
+def _pad_untouched(attrs: Attrs, rank: int) -> list[bool]:
+    interior = attrs["interior"] or (0,) * rank
+    return [attrs["low"][d] == attrs["high"][d] == interior[d] == 0 for d in range(rank)]
+
+
+def _pad_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    whole = _pad_untouched(attrs, operand_types[0].rank)
+    operand_dims = [f"d{d}" if w else f"i{d}" for d, w in enumerate(whole)]
+    result_dims = [f"d{d}" if w else f"o{d}" for d, w in enumerate(whole)]
+    opaque = [n for n in operand_dims + result_dims if not n.startswith("d")]
+    return FactorRule.build(operand_types, result_types, [operand_dims], [result_dims], opaque=opaque)
+
+
+def _pad_places(attrs: Attrs, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """Where the operand's elements land in the padded result."""
+    interior = attrs["interior"] or (0,) * len(shape)
+    return tuple(slice(lo, lo + max(n - 1, 0) * (i + 1) + 1, i + 1) for lo, n, i in zip(attrs["low"], shape, interior))
+
+
+def _pad_impl(args, attrs: Attrs):
+    (x,) = args
+    (result,) = _pad_infer((TensorType(x.shape, "f32"),), attrs, Mesh())
+    out = np.zeros(result.shape, x.dtype)
+    out[_pad_places(attrs, x.shape)] = x
+    return (out,)
+
+
+def _pad_vjp(b, op, g, wanted):
+    places = _pad_places(op.attrs, op.operands[0].type.shape)
+    return (b.slice(g, [p.start for p in places], [p.stop for p in places], [p.step for p in places]),)
+
+
+register(OpDef(
+    "pad", "layout", 1,
+    (AttrSpec("low", attr_ints), AttrSpec("high", attr_ints), AttrSpec("interior", attr_ints, ())),
+    _pad_infer, _pad_factors, _move_cost, impl=_pad_impl, vjp=_pad_vjp,
+    doc="zero padding: `low` before, `high` after, `interior` between elements (empty: none)",
+))
+
+
+# ---- scatter_add (the transpose of gather)
+
+
+def _scatter_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    updates, idx = types
+    axis, size = attrs["axis"], attrs["size"]
+    require(idx.dtype == "i32", f"scatter_add: indices must be i32, got {idx}")
+    require(size >= 1, f"scatter_add: size must be positive, got {size}")
+    require(0 <= axis and axis + idx.rank <= updates.rank,
+            f"scatter_add: updates {updates} cannot hold indices {idx} at axis {axis}")
+    require(updates.shape[axis:axis + idx.rank] == idx.shape,
+            f"scatter_add: updates {updates} dims {axis}..{axis + idx.rank - 1} must match indices {idx}")
+    return (TensorType(updates.shape[:axis] + (size,) + updates.shape[axis + idx.rank:], updates.dtype),)
+
+
+def _scatter_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    updates, idx = operand_types
+    axis = attrs["axis"]
+    idx_dims = [f"i{k}" for k in range(idx.rank)]
+    prefix = [f"p{d}" for d in range(axis)]
+    suffix = [f"p{d}" for d in range(axis + idx.rank, updates.rank)]
+    # The index dims are summed over: sharding them leaves partial sums (the
+    # embedding gradient of a batch-sharded lookup).
+    return FactorRule.build(operand_types, result_types, [prefix + idx_dims + suffix, idx_dims],
+                            [prefix + ["v"] + suffix], combiners={n: "sum" for n in idx_dims}, opaque=["v"])
+
+
+def _scatter_cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:
+    # One add per update element; reads updates and indices, writes the result.
+    return OpCost(operand_types[0].num_elements, io_bytes(operand_types, result_types))
+
+
+def _scatter_impl(args, attrs: Attrs):
+    updates, idx = args
+    axis, size = attrs["axis"], attrs["size"]
+    flat = updates.reshape(updates.shape[:axis] + (-1,) + updates.shape[axis + idx.ndim:])
+    out = np.zeros(updates.shape[:axis] + (size,) + updates.shape[axis + idx.ndim:], updates.dtype)
+    # Indices clamp like gather's, so scatter_add stays gather's exact transpose.
+    np.add.at(out, (slice(None),) * axis + (np.clip(idx, 0, size - 1).ravel(),), flat)
+    return (out,)
+
+
+register(OpDef(
+    "scatter_add", "layout", 2, (AttrSpec("axis", attr_int, 0), AttrSpec("size", attr_int)),
+    _scatter_infer, _scatter_factors, _scatter_cost, impl=_scatter_impl,
+    vjp=lambda b, op, g, wanted: (b.gather(g, op.operands[1], op.attrs["axis"]), None),
+    doc="zeros of `size` along `axis`, plus each update added at its index (gather's transpose)",
+))
+
+
 # ---- generators: iota, full, constant
+
+
+def no_operands(b, op, g, wanted) -> tuple:
+    return ()
 
 
 def _generated_cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:
@@ -404,7 +553,7 @@ def _iota_impl(args, attrs: Attrs):
 register(OpDef(
     "iota", "layout", 0,
     (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("dimension", attr_int, 0)),
-    _iota_infer, _iota_factors, _generated_cost, impl=_iota_impl, localize=local_shape_attrs,
+    _iota_infer, _iota_factors, _generated_cost, impl=_iota_impl, localize=local_shape_attrs, vjp=no_operands,
     doc="0, 1, 2, ... counting along `dimension`",
 ))
 
@@ -424,6 +573,7 @@ register(OpDef(
     _full_infer, _full_factors, _generated_cost,
     impl=lambda args, attrs: (np.full(attrs["shape"], attrs["value"]),),
     localize=local_shape_attrs,
+    vjp=no_operands,
     doc="a tensor filled with one scalar `value`",
 ))
 
@@ -446,5 +596,6 @@ register(OpDef(
     (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("value", attr_numbers)),
     _constant_infer, _constant_factors, _generated_cost,
     impl=lambda args, attrs: (np.array(attrs["value"]).reshape(attrs["shape"]),),
+    vjp=no_operands,
     doc="a dense literal, values in row-major order",
 ))

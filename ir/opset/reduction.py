@@ -70,9 +70,20 @@ def _impl(args, attrs: Attrs):
     return (np.asarray(total),)
 
 
+def _vjp(b, op, g, wanted):
+    x = op.operands[0]
+    kept = [d for d in range(x.type.rank) if d not in op.attrs["dims"]]
+    spread = b.broadcast_in_dim(g, x.type.shape, kept)
+    if op.attrs["combiner"] == "sum":
+        return (spread,)
+    # max/min: the elements equal to the result get the cotangent (all of them on ties).
+    hit = b.compare(x, b.broadcast_in_dim(op.result, x.type.shape, kept), "eq")
+    return (b.select(hit, spread, 0.0),)
+
+
 register(OpDef(
     "reduce", "reduction", 1,
     (AttrSpec("dims", attr_ints), AttrSpec("combiner", attr_choice(*COMBINERS), "sum")),
-    _infer, _factors, _cost, impl=_impl,
+    _infer, _factors, _cost, impl=_impl, vjp=_vjp,
     doc="combine over `dims` with `combiner` (sum, max, min)",
 ))

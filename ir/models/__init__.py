@@ -1,0 +1,55 @@
+"""Model builders: functions returning a `Model` (a forward program whose first
+result is the scalar loss, plus which parameters are trainable and which are
+batch inputs).
+
+  mlp                   2-layer MLP, MSE loss (TOAST, PartIR)      ir.models.mlp
+  deep_mlp              n-layer square MLP, MSE loss (DistIR)      ir.models.mlp
+  simplified_attention  attention with a mock softmax (TOAST)      ir.models.attention
+  attention             single- or multi-head softmax attention    ir.models.attention
+  transformer           decoder-only transformer, cross-entropy    ir.models.transformer
+
+`build(name, **kwargs)` looks a builder up by name; `build_preset(name)`
+builds a full-size transformer from `PRESETS` (ir.models.presets).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ir.models.attention import attention, simplified_attention
+from ir.models.base import Model
+from ir.models.mlp import deep_mlp, mlp
+from ir.models.presets import PRESETS
+from ir.models.transformer import transformer
+
+BUILDERS: dict[str, Callable[..., Model]] = {
+    "mlp": mlp,
+    "deep_mlp": deep_mlp,
+    "simplified_attention": simplified_attention,
+    "attention": attention,
+    "transformer": transformer,
+}
+
+__all__ = ["BUILDERS", "PRESETS", "Model", "build", "build_preset"]
+
+
+def build(name: str, **kwargs: Any) -> Model:
+    """Build the model `name` with the builder's keyword arguments; a ValueError
+    names an unknown builder or argument and lists the valid ones."""
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise ValueError(f"unknown model builder {name!r}; valid builders: {', '.join(BUILDERS)}")
+    valid = list(inspect.signature(builder).parameters)
+    unknown = [k for k in kwargs if k not in valid]
+    if unknown:
+        raise ValueError(f"{name}: unknown argument(s) {', '.join(unknown)}; valid arguments: {', '.join(valid)}")
+    return builder(**kwargs)
+
+
+def build_preset(name: str) -> Model:
+    """Build the full-size transformer configuration `name` from PRESETS."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return transformer(**PRESETS[name])

@@ -1,0 +1,35 @@
+"""What a model builder returns: the program and which parameters are which."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.core import Function
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A built program with its metadata.
+
+    `params` are the trainable parameters, `inputs` the per-step batch inputs
+    (tokens, targets), `state` the optimizer state of a training step
+    (`opt.m.<param>`, `opt.v.<param>`, `opt.step`). Every parameter of
+    `function` is in exactly one of the three. A forward program's first
+    result is its scalar loss.
+    """
+
+    function: Function
+    params: tuple[str, ...]
+    inputs: tuple[str, ...]
+    state: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.function.params]
+        listed = list(self.params) + list(self.inputs) + list(self.state)
+        if sorted(names) != sorted(listed):
+            raise ValueError(f"model metadata {listed} does not partition the parameters {names}")
+
+    @property
+    def parameter_elements(self) -> int:
+        """Scalars in all trainable parameters (the model's parameter count)."""
+        return sum(self.function.param(n).type.num_elements for n in self.params)

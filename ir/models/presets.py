@@ -1,0 +1,34 @@
+"""Full-size transformer configurations: keyword arguments of `transformer()`.
+
+  gemma_2b        Gemma 2B: MQA, GeGLU, tied embeddings (published: 2.51e9 parameters)
+  gemma_7b        Gemma 7B: MHA, GeGLU, tied embeddings (published: 8.54e9 parameters)
+  chinchilla_32l  a 32-layer Chinchilla-style model: MHA, plain GELU MLP, untied
+
+All train on sequences of 2048 tokens in bf16. Gemma's (1 + scale) RMSNorm and
+sqrt(d_model) embedding scaling are not modelled: they change no shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+gemma_2b: dict[str, Any] = dict(
+    layers=18, d_model=2048, heads=8, kv_heads=1, head_dim=256, gated_mlp=True, mlp_hidden=16384,
+    vocab=256128, tied_embeddings=True, norm="rms", seq=2048, batch=16, dtype="bf16",
+)
+
+gemma_7b: dict[str, Any] = dict(
+    layers=28, d_model=3072, heads=16, head_dim=256, gated_mlp=True, mlp_hidden=24576,
+    vocab=256128, tied_embeddings=True, norm="rms", seq=2048, batch=16, dtype="bf16",
+)
+
+chinchilla_32l: dict[str, Any] = dict(
+    layers=32, d_model=4096, heads=32, head_dim=128, gated_mlp=False, mlp_hidden=16384,
+    vocab=32000, tied_embeddings=False, norm="rms", seq=2048, batch=48, dtype="bf16",
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gemma_2b": gemma_2b,
+    "gemma_7b": gemma_7b,
+    "chinchilla_32l": chinchilla_32l,
+}
