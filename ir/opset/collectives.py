@@ -42,6 +42,7 @@ from ir.ops import (
     require,
 )
 from ir.opset.elementwise import elementwise_factors
+from ir.opset.layout import untouched_dims_rule
 from ir.opset.reduction import COMBINERS
 
 
@@ -64,13 +65,10 @@ def _resized(kind: str, x: TensorType, dim: int, k: int, grow: bool) -> TensorTy
 
 
 def _one_dim_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    # The collective's own dim changes size, so it is opaque; others are parallel.
-    dims = [d for d in (attrs.get("dim"), attrs.get("src_dim"), attrs.get("dst_dim")) if d is not None]
-    rank = operand_types[0].rank
-    operand_dims = [f"i{d}" if d in dims else f"d{d}" for d in range(rank)]
-    result_dims = [f"o{d}" if d in dims else f"d{d}" for d in range(rank)]
-    opaque = [f"i{d}" for d in dims] + [f"o{d}" for d in dims]
-    return FactorRule.build(operand_types, result_types, [operand_dims], [result_dims], opaque=opaque)
+    # The collective's own dims change size, so they are opaque; others are parallel.
+    resized = {attrs.get(k) for k in ("dim", "src_dim", "dst_dim")}
+    return untouched_dims_rule(operand_types, result_types,
+                               [d not in resized for d in range(operand_types[0].rank)])
 
 
 def _combine_cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:

@@ -336,12 +336,16 @@ def _slice_untouched(attrs: Attrs, shape: tuple[int, ...]) -> list[bool]:
     return [attrs["start"][d] == 0 and attrs["limit"][d] == shape[d] and stride[d] == 1 for d in range(len(shape))]
 
 
-def _slice_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    whole = _slice_untouched(attrs, operand_types[0].shape)
-    operand_dims = [f"d{d}" if w else f"i{d}" for d, w in enumerate(whole)]
-    result_dims = [f"d{d}" if w else f"o{d}" for d, w in enumerate(whole)]
+def untouched_dims_rule(operand_types: Types, result_types: Types, untouched: list[bool]) -> FactorRule:
+    """Dims an op leaves alone are parallel; the dims it resizes are opaque on both sides."""
+    operand_dims = [f"d{d}" if w else f"i{d}" for d, w in enumerate(untouched)]
+    result_dims = [f"d{d}" if w else f"o{d}" for d, w in enumerate(untouched)]
     opaque = [n for n in operand_dims + result_dims if not n.startswith("d")]
     return FactorRule.build(operand_types, result_types, [operand_dims], [result_dims], opaque=opaque)
+
+
+def _slice_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    return untouched_dims_rule(operand_types, result_types, _slice_untouched(attrs, operand_types[0].shape))
 
 
 def _slice_localize(attrs: Attrs, local_operands: Types, local_results: Types) -> Attrs:
@@ -434,11 +438,7 @@ def _pad_untouched(attrs: Attrs, rank: int) -> list[bool]:
 
 
 def _pad_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    whole = _pad_untouched(attrs, operand_types[0].rank)
-    operand_dims = [f"d{d}" if w else f"i{d}" for d, w in enumerate(whole)]
-    result_dims = [f"d{d}" if w else f"o{d}" for d, w in enumerate(whole)]
-    opaque = [n for n in operand_dims + result_dims if not n.startswith("d")]
-    return FactorRule.build(operand_types, result_types, [operand_dims], [result_dims], opaque=opaque)
+    return untouched_dims_rule(operand_types, result_types, _pad_untouched(attrs, operand_types[0].rank))
 
 
 def _pad_places(attrs: Attrs, shape: tuple[int, ...]) -> tuple[slice, ...]:
