@@ -104,6 +104,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from solver.explain import color_dot, explain, format_report
+    from solver.spec import load_spec
+
+    report, nda = explain(load_spec(args.spec))
+    if args.dot is not None:
+        print(color_dot(nda, args.dot), end="")
+    elif args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report), end="")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"shardplan": version(), "python": sys.version.split()[0], "numpy": np.__version__}))
@@ -138,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "explain",
+        help="Named Dimension Analysis of a spec's program: colors, conflicts, compatibility sets",
+        description="Build the spec's program and report its Named Dimension Analysis: colors (dimension "
+        "sets sharded together), sharding conflicts, compatibility sets, resolution classes and parameter "
+        "groups.",
+    )
+    p.add_argument("spec", help="YAML spec, e.g. specs/mlp.yaml")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.add_argument("--dot", type=int, metavar="COLOR", help="print the Graphviz DOT graph of one color instead")
+    p.set_defaults(func=cmd_explain)
     return parser
 
 

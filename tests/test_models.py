@@ -8,6 +8,8 @@ Sizes are distinct (d_model 12, heads 3, head_dim 4, seq 5, batch 2, vocab
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -285,3 +287,19 @@ def test_presets_build_full_size_with_published_parameter_counts(name, published
         assert abs(model.parameter_elements / published - 1) < 0.05
     else:  # 32 layers of 4 * 4096**2 attention + 2 * 4096 * 16384 MLP weights, plus embed and unembed
         assert model.parameter_elements == pytest.approx(32 * (4 + 8) * 4096**2 + 2 * 32000 * 4096, rel=1e-3)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"batch": 0}, "mlp: batch must be a positive integer, got 0"),
+    ({"hidden": -3}, "mlp: hidden must be a positive integer, got -3"),
+    ({"d_in": 2.5}, "mlp: d_in must be a positive integer, got 2.5"),
+    ({"dtype": 3}, "mlp: dtype must be a string, got 3"),
+])
+def test_build_checks_argument_values(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build("mlp", **kwargs)
+
+
+def test_build_checks_flags():
+    with pytest.raises(ValueError, match="transformer: causal must be true or false, got 'yes'"):
+        build("transformer", causal="yes")

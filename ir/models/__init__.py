@@ -32,7 +32,7 @@ BUILDERS: dict[str, Callable[..., Model]] = {
     "transformer": transformer,
 }
 
-__all__ = ["BUILDERS", "PRESETS", "Model", "build", "build_preset"]
+__all__ = ["BUILDERS", "PRESETS", "Model", "build", "build_preset", "check_args"]
 
 
 def build(name: str, **kwargs: Any) -> Model:
@@ -41,11 +41,32 @@ def build(name: str, **kwargs: Any) -> Model:
     builder = BUILDERS.get(name)
     if builder is None:
         raise ValueError(f"unknown model builder {name!r}; valid builders: {', '.join(BUILDERS)}")
-    valid = list(inspect.signature(builder).parameters)
-    unknown = [k for k in kwargs if k not in valid]
-    if unknown:
-        raise ValueError(f"{name}: unknown argument(s) {', '.join(unknown)}; valid arguments: {', '.join(valid)}")
+    check_args(name, kwargs)
     return builder(**kwargs)
+
+
+def check_args(name: str, kwargs: dict[str, Any]) -> None:
+    """Raise a ValueError naming any argument the builder `name` does not take
+    (listing the valid ones) or any value of the wrong kind."""
+    params = inspect.signature(BUILDERS[name]).parameters
+    unknown = [k for k in kwargs if k not in params]
+    if unknown:
+        raise ValueError(f"{name}: unknown argument(s) {', '.join(unknown)}; valid arguments: {', '.join(params)}")
+    for key, value in kwargs.items():
+        _check_arg(name, key, value, params[key].default)
+
+
+def _check_arg(builder: str, key: str, value: Any, default: Any) -> None:
+    """Sizes are positive ints and flags bools, judged by the default's type, so
+    a bad spec value is a clear error instead of a failure deep in a builder."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{builder}: {key} must be true or false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{builder}: {key} must be a positive integer, got {value!r}")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ValueError(f"{builder}: {key} must be a string, got {value!r}")
 
 
 def build_preset(name: str) -> Model:

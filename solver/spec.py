@@ -1,0 +1,275 @@
+"""YAML specs: which model to partition, over which mesh, on which hardware.
+
+A spec is a YAML mapping validated by pydantic; unknown keys are errors, so a
+misspelt key fails instead of being ignored:
+
+    name: mlp-2x4               # optional; default: the file's stem
+    description: ...            # optional free text
+    model:
+      builder: mlp              # one of ir.models.BUILDERS, with
+      args: {batch: 256}        #   its keyword arguments (optional)
+      # or instead: preset: gemma_2b  (one of ir.models.PRESETS)
+      step: train               # train (default) | forward
+      optimizer: adam           # adam (default) | sgd; only with step: train
+    mesh: {batch: 4, model: 2}  # axis name -> size, major to minor
+    hardware: A100-80GB         # one of costmodel.hardware.PRESET_NAMES
+
+`load_spec(path)` and `parse_spec(text, filename)` return a `Spec` or raise
+`SpecError` with one line naming the file and the field
+(`specs/x.yaml: model.builder: unknown model builder 'mlpp'; ...`), or the
+file, line and column of a YAML syntax error. `Spec.build()` traces the model
+(and its training step); its errors name the file and field too.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from costmodel.hardware import PRESET_NAMES
+from ir.autodiff import SGD, Adam, training_step
+from ir.core import IRError, Mesh
+from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
+from ir.models.base import Model
+
+# Stricter than the IR's value names: axis names appear in specs, plans and
+# PartitionSpecs, where plain identifiers need no quoting.
+AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
+class SpecError(IRError):
+    """A malformed spec; the message is one line naming the file and the field."""
+
+
+class _Strict(BaseModel):
+    """Base of the spec models: unknown keys are errors, specs are values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """`model:` a builder with its keyword arguments, or a full-size preset."""
+
+    builder: str | None = None
+    preset: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    step: Literal["train", "forward"] = "train"
+    optimizer: Literal["adam", "sgd"] = "adam"
+
+    @field_validator("builder")
+    @classmethod
+    def _known_builder(cls, name: str | None) -> str | None:
+        if name is not None and name not in BUILDERS:
+            raise ValueError(f"unknown model builder {name!r}; valid builders: {', '.join(BUILDERS)}")
+        return name
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        return name
+
+    @field_validator("args")
+    @classmethod
+    def _known_args(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Check arguments when the spec is loaded, not when the model is built,
+        so a typo or a bad size fails early (the same check `build` makes)."""
+        builder = info.data.get("builder")  # absent when the builder itself failed
+        if builder is not None:
+            check_args(builder, args)
+        return args
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        """Exactly one model source; no settings that would be silently ignored."""
+        if self.builder is not None and self.preset is not None:
+            raise ValueError("give either builder or preset, not both")
+        if self.builder is None and self.preset is None:
+            raise ValueError(
+                f"missing builder or preset: a builder ({', '.join(BUILDERS)}) "
+                f"or a preset ({', '.join(PRESETS)})"
+            )
+        if self.preset is not None and self.args:
+            raise ValueError(f"args apply only to a builder; preset {self.preset} fixes its sizes")
+        if self.step == "forward" and "optimizer" in self.model_fields_set:
+            raise ValueError("optimizer applies only to step: train")
+        return self
+
+
+class Spec(_Strict):
+    """A validated spec; `build()` traces its program, `mesh_obj()` its mesh."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    model: ModelSpec
+    mesh: dict[str, Annotated[int, Field(strict=True, gt=0)]]
+    hardware: str
+    # The file the spec came from, for the messages of errors found in build().
+    _source: str = PrivateAttr("<spec>")
+
+    @field_validator("mesh")
+    @classmethod
+    def _mesh_axes(cls, mesh: dict[str, int]) -> dict[str, int]:
+        if not mesh:
+            raise ValueError("a mesh needs at least one axis, e.g. {batch: 4}")
+        for name in mesh:
+            if not AXIS_NAME.fullmatch(name):
+                raise ValueError(f"mesh axis name {name!r} is not an identifier (letters, digits, '_')")
+        return mesh
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, name: str) -> str:
+        if name not in PRESET_NAMES:
+            raise ValueError(f"unknown hardware preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}")
+        return name
+
+    @property
+    def source(self) -> str:
+        """The file this spec was read from (`<spec>` for text without one)."""
+        return self._source
+
+    def mesh_obj(self) -> Mesh:
+        """The spec's mesh as an IR Mesh, axes in the spec's order (major to minor)."""
+        return Mesh.from_pairs(self.mesh.items())
+
+    def build(self) -> Model:
+        """Trace the model; for `step: train`, its training step with the optimizer."""
+        model = self._build_forward()
+        if self.model.step == "forward":
+            return model
+        try:
+            return training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]())
+        except IRError as exc:  # e.g. integer args.dtype: nothing to differentiate
+            raise SpecError(f"{self._source}: model.step: {exc}") from exc
+
+    def _build_forward(self) -> Model:
+        spec = self.model
+        field = "model.preset" if spec.preset is not None else "model.args"
+        try:
+            if spec.preset is not None:
+                return build_preset(spec.preset)
+            return build(spec.builder, **spec.args)
+        # Builders check argument values by using them: a string where a size
+        # belongs fails in the IR (IRError) or in Python arithmetic (TypeError).
+        except (ValueError, TypeError, IRError) as exc:
+            raise SpecError(f"{self._source}: {field}: {exc}") from exc
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which PyYAML would resolve by
+    silently keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            # Merge keys (<<) may legitimately repeat and be overridden.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_spec(path: str | os.PathLike[str]) -> Spec:
+    """Read and validate the spec file `path`. A missing or unreadable file
+    raises OSError; anything wrong inside it raises SpecError."""
+    filename = os.fspath(path)
+    data = pathlib.Path(filename).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{filename}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return parse_spec(text, filename)
+
+
+def parse_spec(text: str, filename: str = "<spec>") -> Spec:
+    """Validate the spec in `text`; `filename` names it in error messages and
+    gives the default `name` (its stem)."""
+    data = _parse_yaml(text, filename)
+    data.setdefault("name", pathlib.PurePath(filename).stem)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_validation_message(filename, exc)) from exc
+    spec._source = filename
+    return spec
+
+
+def _parse_yaml(text: str, filename: str) -> dict[Any, Any]:
+    """The top-level mapping of the YAML text."""
+    try:
+        data = yaml.load(text, Loader=_SpecLoader)
+    except yaml.YAMLError as exc:
+        raise SpecError(_yaml_message(filename, text, exc)) from exc
+    if data is None:
+        raise SpecError(f"{filename}: empty spec; expected a mapping with model, mesh and hardware")
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{filename}: a spec must be a mapping with model, mesh and hardware, not a {type(data).__name__}"
+        )
+    return data
+
+
+def _yaml_message(filename: str, text: str, exc: yaml.YAMLError) -> str:
+    """`file:line:col: problem (context)` for a YAML error, on one line."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character: it has an offset, not a mark
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)
+        return f"{filename}:{line}:{column}: unacceptable character #x{exc.character:04x}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"{filename}: {_one_line(str(exc))}"
+    problem = exc.problem or exc.context or "invalid YAML"
+    context = f" ({exc.context})" if exc.problem and exc.context else ""
+    return f"{filename}:{mark.line + 1}:{mark.column + 1}: {_one_line(problem + context)}"
+
+
+def _validation_message(filename: str, exc: ValidationError) -> str:
+    """`file: dotted.field: message` for the first error, noting how many more."""
+    errors = exc.errors()
+    # A misspelt key also makes the key it stands for missing; the misspelling
+    # is the error to show.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = first["loc"]
+    where = ".".join(map(str, loc))
+    if first["type"] == "value_error":  # our validators: drop pydantic's "Value error, " prefix
+        message = str(first["ctx"]["error"])
+    elif first["type"] == "extra_forbidden":
+        message = f"unknown key; valid keys: {', '.join(_fields_at(loc[:-1]))}"
+    else:
+        message = first["msg"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{filename}: {where}: {_one_line(message)}{more}"
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the spec model found by following `loc` from Spec."""
+    model: type[BaseModel] = Spec
+    for part in loc:
+        model = model.model_fields[str(part)].annotation
+    return list(model.model_fields)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

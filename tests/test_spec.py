@@ -1,0 +1,254 @@
+"""YAML specs: the bundled specs load and build; every malformed spec is one
+line naming the file and the field (or file:line:col for YAML syntax)."""
+
+import pytest
+from conftest import ROOT
+
+from costmodel.hardware import PRESET_NAMES
+from ir.core import Mesh
+from solver.spec import SpecError, load_spec, parse_spec
+
+BUNDLED = sorted((ROOT / "specs").glob("*.yaml"))
+MODEL = "model: {builder: mlp}\n"
+MESH = "mesh: {batch: 4}\n"
+HARDWARE = "hardware: A100-80GB\n"
+
+
+def write(tmp_path, text: str, name: str = "x.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def load_error(tmp_path, text: str) -> tuple[str, str]:
+    """(the file's path, the SpecError message) of loading `text`; the message
+    must be one line starting with the path."""
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(path)
+    return path, message
+
+
+def build_error(tmp_path, text: str) -> tuple[str, str]:
+    """Like load_error, for a spec that loads but fails to build."""
+    path = write(tmp_path, text)
+    spec = load_spec(path)
+    with pytest.raises(SpecError) as info:
+        spec.build()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(path)
+    return path, message
+
+
+# ------------------------------------------------------------ bundled specs
+
+
+def test_the_bundled_specs_are_there():
+    names = {p.stem for p in BUNDLED}
+    assert {"mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l"} <= names
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.stem)
+def test_bundled_spec_loads_and_builds(path):
+    spec = load_spec(str(path))
+    assert spec.name == path.stem
+    assert spec.description
+    assert spec.hardware in PRESET_NAMES
+    model = spec.build()
+    assert model.function.results[0].type.shape == ()
+    assert bool(model.state) == (spec.model.step == "train")
+
+
+def test_mlp_spec_is_an_adam_training_step_on_a_2d_mesh():
+    spec = load_spec(str(ROOT / "specs" / "mlp.yaml"))
+    assert spec.mesh_obj() == Mesh.of(batch=4, model=2)
+    model = spec.build()
+    params = {p.name: p.type.shape for p in model.function.params}
+    assert params["x"] == (256, 32)
+    assert params["w1"] == (32, 128)
+    assert params["opt.m.w1"] == (32, 128)
+    assert "opt.step" in model.state
+
+
+def test_mesh_keeps_the_spec_order():
+    spec = parse_spec(MODEL + "mesh: {model: 2, batch: 4}\n" + HARDWARE)
+    assert list(spec.mesh) == ["model", "batch"]
+    assert spec.mesh_obj().names == ("model", "batch")
+
+
+def test_name_defaults_to_the_file_stem_and_can_be_given(tmp_path):
+    assert load_spec(write(tmp_path, MODEL + MESH + HARDWARE, "my-run.yaml")).name == "my-run"
+    assert parse_spec("name: mlp-2x4\n" + MODEL + MESH + HARDWARE).name == "mlp-2x4"
+
+
+def test_forward_step_and_sgd():
+    forward = parse_spec("model: {builder: mlp, step: forward}\n" + MESH + HARDWARE).build()
+    assert forward.state == ()
+    assert forward.function.name == "mlp"
+    sgd = parse_spec("model: {builder: mlp, optimizer: sgd}\n" + MESH + HARDWARE).build()
+    assert sgd.state == ()
+    assert "w1.new" in {r.name for r in sgd.function.results}
+
+
+def test_missing_file_raises_oserror(tmp_path):
+    with pytest.raises(OSError):
+        load_spec(str(tmp_path / "missing.yaml"))
+
+
+# ------------------------------------------------------------ errors: keys
+
+
+def test_unknown_top_level_key(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedul: []\n")
+    assert ": schedul: unknown key; valid keys: name, description, model, mesh, hardware" in message
+
+
+def test_misspelt_key_is_reported_rather_than_the_missing_one(tmp_path):
+    _, message = load_error(tmp_path, "modle: {builder: mlp}\n" + MESH + HARDWARE)
+    assert ": modle: unknown key" in message
+    assert message.endswith("(and 1 more)")
+
+
+def test_unknown_model_key(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlp, arg: {batch: 2}}\n" + MESH + HARDWARE)
+    assert ": model.arg: unknown key; valid keys: builder, preset, args, step, optimizer" in message
+
+
+def test_missing_required_key(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH)
+    assert message.endswith(": hardware: Field required")
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    path, message = load_error(tmp_path, MODEL + "mesh: {batch: 4, batch: 2}\n" + HARDWARE)
+    assert message == f"{path}:2:18: duplicate key 'batch'"
+
+
+# ------------------------------------------------------------ errors: model
+
+
+def test_both_builder_and_preset(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlp, preset: gemma_2b}\n" + MESH + HARDWARE)
+    assert ": model: give either builder or preset, not both" in message
+
+
+def test_neither_builder_nor_preset(tmp_path):
+    _, message = load_error(tmp_path, "model: {step: train}\n" + MESH + HARDWARE)
+    assert ": model: missing builder or preset" in message
+    assert "mlp" in message and "gemma_2b" in message
+
+
+def test_unknown_builder(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlpp}\n" + MESH + HARDWARE)
+    assert ": model.builder: unknown model builder 'mlpp'; valid builders: mlp, deep_mlp," in message
+
+
+def test_unknown_preset(tmp_path):
+    _, message = load_error(tmp_path, "model: {preset: gemma_3b}\n" + MESH + HARDWARE)
+    assert ": model.preset: unknown model preset 'gemma_3b'; valid presets: gemma_2b," in message
+
+
+def test_bad_argument_name(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlp, args: {hiden: 64}}\n" + MESH + HARDWARE)
+    assert ": model.args: mlp: unknown argument(s) hiden; valid arguments: batch, d_in, hidden" in message
+
+
+def test_args_with_a_preset(tmp_path):
+    _, message = load_error(tmp_path, "model: {preset: gemma_2b, args: {batch: 2}}\n" + MESH + HARDWARE)
+    assert ": model: args apply only to a builder" in message
+
+
+def test_optimizer_with_a_forward_step(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlp, step: forward, optimizer: sgd}\n" + MESH + HARDWARE)
+    assert ": model: optimizer applies only to step: train" in message
+
+
+def test_unknown_step(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlp, step: eval}\n" + MESH + HARDWARE)
+    assert ": model.step: Input should be 'train' or 'forward'" in message
+
+
+@pytest.mark.parametrize("builder, args, problem", [
+    ("mlp", "{batch: many}", "mlp: batch must be a positive integer, got 'many'"),
+    ("deep_mlp", "{layers: 0}", "deep_mlp: layers must be a positive integer, got 0"),
+    ("transformer", "{causal: maybe}", "transformer: causal must be true or false, got 'maybe'"),
+])
+def test_bad_argument_value_is_a_load_error(tmp_path, builder, args, problem):
+    _, message = load_error(tmp_path, f"model: {{builder: {builder}, args: {args}}}\n" + MESH + HARDWARE)
+    assert f": model.args: {problem}" in message
+
+
+def test_integer_model_cannot_train(tmp_path):
+    _, message = build_error(tmp_path, "model: {builder: mlp, args: {dtype: i32}}\n" + MESH + HARDWARE)
+    assert ": model.step: cannot differentiate" in message
+
+
+# ------------------------------------------------------------ errors: mesh, hardware
+
+
+@pytest.mark.parametrize("size, expected", [
+    ("0", "Input should be greater than 0"),
+    ("-2", "Input should be greater than 0"),
+    ("2.5", "Input should be a valid integer"),
+    ("'2'", "Input should be a valid integer"),
+    ("true", "Input should be a valid integer"),
+])
+def test_mesh_size_must_be_a_positive_int(tmp_path, size, expected):
+    _, message = load_error(tmp_path, MODEL + f"mesh: {{batch: 4, model: {size}}}\n" + HARDWARE)
+    assert message.endswith(f": mesh.model: {expected}")
+
+
+def test_empty_mesh(tmp_path):
+    _, message = load_error(tmp_path, MODEL + "mesh: {}\n" + HARDWARE)
+    assert ": mesh: a mesh needs at least one axis" in message
+
+
+def test_mesh_axis_must_be_an_identifier(tmp_path):
+    _, message = load_error(tmp_path, MODEL + "mesh: {data-parallel: 4}\n" + HARDWARE)
+    assert ": mesh: mesh axis name 'data-parallel' is not an identifier" in message
+
+
+def test_unknown_hardware_lists_the_presets(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH + "hardware: H300\n")
+    assert f": hardware: unknown hardware preset 'H300'; valid presets: {', '.join(PRESET_NAMES)}" in message
+
+
+# ------------------------------------------------------------ errors: file
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path):
+    path, message = load_error(tmp_path, MODEL + "mesh: {batch: 4\n" + HARDWARE)
+    assert message.startswith(f"{path}:3:9: ")
+
+
+def test_control_character_has_line_and_column(tmp_path):
+    path, message = load_error(tmp_path, MODEL + MESH + "hardware: A100\x01\n")
+    assert message == f"{path}:3:15: unacceptable character #x0001: special characters are not allowed"
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"])
+def test_empty_file(tmp_path, text):
+    _, message = load_error(tmp_path, text)
+    assert ": empty spec" in message
+
+
+def test_top_level_list(tmp_path):
+    _, message = load_error(tmp_path, "- model\n- mesh\n")
+    assert ": a spec must be a mapping with model, mesh and hardware, not a list" in message
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_bytes(b"hardware: \xff\n")
+    with pytest.raises(SpecError, match=r"x\.yaml: not UTF-8 text"):
+        load_spec(str(path))
+
+
+def test_several_errors_are_counted(tmp_path):
+    _, message = load_error(tmp_path, "model: {builder: mlpp}\nmesh: {batch: 0}\nhardware: H300\n")
+    assert ": model.builder: unknown model builder 'mlpp'" in message
+    assert message.endswith("(and 2 more)")
