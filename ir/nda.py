@@ -34,8 +34,9 @@ or returned value) gets a fresh name per dimension. Then:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import networkx as nx
 import numpy as np
@@ -154,7 +155,7 @@ class NDA:
     values: `result_base[k] + dim`)."""
 
     function: Function
-    def_base: dict[Value, int]
+    def_base: Mapping[Value, int]  # read-only view
     use_base: tuple[tuple[int, ...], ...]
     result_base: tuple[int, ...]
     name_iclass: np.ndarray  # dimension name -> I-class id
@@ -231,7 +232,7 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     color_names = np.bincount(iclass_color[name_iclass], minlength=color_count)
     name_iclass.flags.writeable = False
     return NDA(
-        fn, names.def_base, names.use_base, names.result_base, name_iclass, iclasses,
+        fn, MappingProxyType(names.def_base), names.use_base, names.result_base, name_iclass, iclasses,
         op_factor_iclass, tuple(map(tuple, color_iclasses)), tuple(map(tuple, color_conflicts)),
         tuple(int(n) for n in color_names), conflicts, compat_sets, classes, deselected,
         _param_groups(fn, group_params, group_depth),
