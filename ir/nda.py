@@ -121,6 +121,9 @@ class IClass:
     size: int
     owner: tuple  # ("op", op index, factor index) | ("param", parameter index, dim)
     label: str  # structural description, equal for the same factor of identical ops
+    # Whether block sharding may split it: not for opaque factors, nor for a
+    # factor that is the minor part of a merged dimension somewhere in its op.
+    shardable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +221,8 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     name_iclass, owners, op_factor_iclass = _identities(fn, names, rules)
     iclass_color, color_count = _colors(fn, names, name_iclass, len(owners))
     iclasses = tuple(
-        IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o))
+        IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o),
+               _owner_shardable(fn, rules, o))
         for i, o in enumerate(owners)
     )
     conflicts, aligned = _conflicts_and_boxes(fn, names, name_iclass, iclass_color)
@@ -348,6 +352,16 @@ def _owner_size(fn: Function, rules: _RuleCache, owner: tuple) -> int:
     if owner[0] == "op":
         return rules(fn.ops[owner[1]]).factors[owner[2]].size
     return fn.params[owner[1]].type.shape[owner[2]]
+
+
+def _owner_shardable(fn: Function, rules: _RuleCache, owner: tuple) -> bool:
+    if owner[0] != "op":
+        return True
+    rule = rules(fn.ops[owner[1]])
+    f = owner[2]
+    if rule.factors[f].kind is ops.FactorKind.OPAQUE:
+        return False
+    return all(f not in dims[1:] for tensor in rule.operands + rule.results for dims in tensor)
 
 
 def _owner_label(fn: Function, rules: _RuleCache, owner: tuple) -> str:

@@ -1,0 +1,247 @@
+"""The rewrite engine: a global program + a factor sharding -> the
+device-local program every device runs, with every collective explicit.
+
+Each op runs on local shapes: a tensor dimension sharded by axes A has
+size / |A| elements per device. Per op, from its factor rule and the factor
+sharding:
+
+  - every operand is resharded from how it is (its definition's sharding
+    and any pending partial sum) to how the op wants it (its use's factors):
+      all_gather   drops trailing axes of a dimension,
+      all_slice    adds trailing axes (local, free),
+      all_to_all   moves trailing axes from one dimension to another:
+                   all_to_all<src, dst>(x) == all_slice<dst>(all_gather<src>(x)),
+      all_reduce   combines a pending partial result,
+      reduce_scatter == all_slice(all_reduce(x)) when the use also wants a
+                   partial axis on a dimension;
+  - a reduction factor sharded on axes A leaves the result partial over A;
+  - a pending partial sum flows, unreduced, through an op linear in it (add
+    and sub of equally partial operands, neg, convert, transpose, reshape,
+    broadcast_in_dim, slice, sum-reduce, mul by a non-partial value, div of
+    a partial by a non-partial value) when that op is its only use, and is
+    reduced once, where a non-linear consumer, a second consumer or a result
+    needs the full value (flowing into one of several uses would reduce the
+    same sum twice);
+  - an op's attributes that spell out shapes are localized by its kind's
+    `localize` rule.
+
+Parameters and results become per-device types; results are fully reduced.
+Option `reuse_resharded`: a resharded value (e.g. an all_gathered parameter)
+is kept and reused by later uses needing the same layout (XLA's choice:
+fewer collectives, more live memory), or, by default, resharded again at
+each use (PartIR's choice: ZeRO-3 gathers each parameter once in the
+forward and once in the backward pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ir import ops
+from ir.builder import Builder
+from ir.core import Function, IRError, Op, Value, users
+from ir.nda import NDA
+from ir.sharding import DimAxes, FactorSharding, local_type
+
+LINEAR_UNARY = frozenset({"neg", "convert", "transpose", "reshape", "broadcast_in_dim", "slice"})
+
+
+class LoweringError(IRError):
+    """The lowering could not express a sharding (a bug or an unsupported case)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LowerOptions:
+    reuse_resharded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Lowered:
+    """A device-local program and how its parameters and results are sharded."""
+
+    function: Function
+    param_dims: tuple[DimAxes, ...]
+    result_dims: tuple[DimAxes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Local:
+    """A global value as it stands on the devices: its local value, sharding
+    and pending partial reduction (axes and combiner)."""
+
+    value: Value
+    dims: DimAxes
+    partial: tuple[str, ...] = ()
+    combiner: str = "sum"
+
+
+@dataclass
+class _Lowering:
+    fn: Function
+    nda: NDA
+    sharding: FactorSharding
+    options: LowerOptions
+    b: Builder = field(init=False)
+    env: dict[Value, _Local] = field(default_factory=dict)
+    cache: dict[tuple, Value] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.b = Builder(self.fn.name, self.sharding.mesh)
+        self.taken = {v.name for v in self.fn.values()}
+        self.use_count = {v: len(us) for v, us in users(self.fn).items()}
+        for r in self.fn.results:
+            self.use_count[r] += 1
+
+    # -- names
+
+    def fresh(self, base: str) -> str:
+        """A unique name for a collective's result, derived from its input."""
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}{n}"
+        self.taken.add(name)
+        return name
+
+    def collective(self, kind: str, x: Value, suffix: str, **attrs) -> Value:
+        return self.b.op(kind, [x], self.fresh(f"{x.name}-{suffix}"), **attrs)
+
+    # -- resharding
+
+    def reduce_partial(self, state: _Local, want: DimAxes) -> _Local:
+        """Combine a pending partial result: reduce_scatter where the use adds a
+        partial axis to a dimension, all_reduce for the rest."""
+        x, dims, pending = state.value, list(state.dims), list(state.partial)
+        for d, (have, need) in enumerate(zip(state.dims, want)):
+            if need[: len(have)] != have:
+                continue
+            run = []
+            for a in need[len(have):]:
+                if a not in pending:
+                    break
+                run.append(a)
+            if run:
+                x = self.collective("reduce_scatter", x, "rs", axes=run, dim=d, combiner=state.combiner)
+                dims[d] = have + tuple(run)
+                pending = [a for a in pending if a not in run]
+        if pending:
+            x = self.collective("all_reduce", x, "ar", axes=pending, combiner=state.combiner)
+        return _Local(x, tuple(dims))
+
+    def redistribute(self, state: _Local, want: DimAxes) -> Value:
+        """Move a (non-partial, or linearly flowing) value to sharding `want`."""
+        x, cur = state.value, [list(d) for d in state.dims]
+        keep = [_common_prefix(c, w) for c, w in zip(cur, want)]
+        extra = [tuple(c[k:]) for c, k in zip(cur, keep)]
+        added = [tuple(w[k:]) for w, k in zip(want, keep)]
+        for src, moving in enumerate(extra):
+            dst = next((d for d, a in enumerate(added) if moving and a == moving and d != src), None)
+            if dst is not None:
+                x = self.collective("all_to_all", x, "a2a", axes=list(moving), src_dim=src, dst_dim=dst)
+                extra[src], added[dst] = (), ()
+        for d, axes in enumerate(extra):
+            if axes:
+                x = self.collective("all_gather", x, "ag", axes=list(axes), dim=d)
+        for d, axes in enumerate(added):
+            if axes:
+                x = self.collective("all_slice", x, "as", axes=list(axes), dim=d)
+        return x
+
+    def operand(self, v: Value, want: DimAxes, keep_partial: bool) -> Value:
+        state = self.env[v]
+        if state.partial and not keep_partial:
+            state = self.reduce_partial(state, want)
+            self.env[v] = state  # reduced once: later uses start from the full value
+        if state.dims == want:
+            return state.value
+        key = (v, want, state.partial)
+        if self.options.reuse_resharded and key in self.cache:
+            return self.cache[key]
+        local = self.redistribute(state, want)
+        self.cache[key] = local
+        return local
+
+    # -- ops
+
+    def lower_op(self, i: int, op: Op) -> None:
+        rule = ops.factor_rule(op)
+        factor_axes = [self.sharding.of(k) for k in self.nda.op_factor_iclass[i]]
+        wants = [tuple(factor_axes[dims[0]] for dims in tensor) for tensor in rule.operands]
+        states = [self.env[o] for o in op.operands]
+        sole_use = all(self.use_count[o] == 1 for o, s in zip(op.operands, states) if s.partial)
+        flowing = _flowing_partial(op, states, wants) if sole_use else ()
+        operands = [self.operand(o, want, bool(flowing)) for o, want in zip(op.operands, wants)]
+        reduced = [f for f in rule.factors if f.kind is ops.FactorKind.REDUCTION]
+        partial = list(flowing)
+        combiner = "sum"
+        for k, f in enumerate(rule.factors):
+            if f.kind is ops.FactorKind.REDUCTION and factor_axes[k]:
+                partial += factor_axes[k]
+                combiner = f.combiner or "sum"
+        if flowing and combiner != "sum" and reduced:
+            raise LoweringError(f"{op.describe()}: cannot combine a flowing sum with a {combiner} reduction")
+        (result,) = op.results
+        dims = tuple(factor_axes[d[0]] for d in rule.results[0])
+        want_type = local_type(result.type, dims, self.sharding.mesh)
+        attrs = ops.get(op.kind).localize(
+            op.attrs, tuple(v.type for v in operands), (want_type,))
+        local = self.b.op(op.kind, operands, result.name, **attrs.as_dict())
+        if local.type != want_type:
+            raise LoweringError(f"{op.describe()}: local result {local.type} differs from the expected {want_type}")
+        self.env[result] = _Local(local, dims, tuple(partial), combiner)
+
+    def run(self) -> Lowered:
+        param_dims = []
+        for p in self.fn.params:
+            dims = self.sharding.def_dims(self.nda, p)
+            param_dims.append(dims)
+            local = self.b.param(p.name, local_type(p.type, dims, self.sharding.mesh).shape, p.type.dtype)
+            self.env[p] = _Local(local, dims)
+        for i, op in enumerate(self.fn.ops):
+            if ops.get(op.kind).is_collective:
+                raise LoweringError(f"{op.describe()}: the input must be a global program without collectives")
+            self.lower_op(i, op)
+        results, result_dims = [], []
+        for r in self.fn.results:
+            state = self.env[r]
+            results.append(self.operand(r, state.dims, keep_partial=False))
+            result_dims.append(self.env[r].dims)
+        return Lowered(self.b.build(results), tuple(param_dims), tuple(result_dims))
+
+
+def _common_prefix(a: list[str], b: tuple[str, ...]) -> int:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def _flowing_partial(op: Op, states: list[_Local], wants: list[DimAxes]) -> tuple[str, ...]:
+    """The pending partial sum that may flow through `op` unreduced, or ()."""
+    partial = [s for s in states if s.partial]
+    if not partial:
+        return ()
+    axes, combiner = partial[0].partial, partial[0].combiner
+    if combiner != "sum":
+        return ()
+    for s, want in zip(states, wants):
+        if s.partial and any(a in axes for dim in want for a in dim):
+            return ()  # the use shards a partial axis: reduce_scatter instead
+    kind = op.kind
+    if kind in LINEAR_UNARY or (kind == "reduce" and op.attrs["combiner"] == "sum"):
+        return axes if kind != "convert" or op.result.type.dtype in ("f32", "bf16", "f16") else ()
+    if kind in ("add", "sub"):
+        return axes if all(s.partial == axes for s in states) else ()
+    if kind == "mul" and len(partial) == 1:
+        return axes
+    if kind == "div" and states[0].partial and not states[1].partial:
+        return axes
+    return ()
+
+
+def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOptions = LowerOptions()) -> Lowered:
+    """The device-local program of `fn` under `sharding` (see the module docstring)."""
+    if nda.function is not fn:
+        raise LoweringError("the NDA was computed for a different function")
+    return _Lowering(fn, nda, sharding, options).run()
