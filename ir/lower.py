@@ -240,8 +240,8 @@ def _flowing_partial(op: Op, states: list[_Local], wants: list[DimAxes]) -> tupl
     return ()
 
 
-def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOptions = LowerOptions()) -> Lowered:
+def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOptions | None = None) -> Lowered:
     """The device-local program of `fn` under `sharding` (see the module docstring)."""
     if nda.function is not fn:
         raise LoweringError("the NDA was computed for a different function")
-    return _Lowering(fn, nda, sharding, options).run()
+    return _Lowering(fn, nda, sharding, options or LowerOptions()).run()

@@ -167,6 +167,7 @@ class NDA:
     color_iclasses: tuple[tuple[int, ...], ...]
     color_conflicts: tuple[tuple[int, ...], ...]
     color_names: tuple[int, ...]  # number of dimension names per color
+    neighbors: tuple[tuple[int, ...], ...]  # I-class -> I-classes joined to it by map M
     conflicts: tuple[Conflict, ...]
     compat_sets: tuple[CompatSet, ...]
     resolution_classes: tuple[ResolutionClass, ...]
@@ -219,7 +220,7 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     names = _Names.of(fn)
     rules = _RuleCache()
     name_iclass, owners, op_factor_iclass = _identities(fn, names, rules)
-    iclass_color, color_count = _colors(fn, names, name_iclass, len(owners))
+    iclass_color, color_count, neighbors = _colors(fn, names, name_iclass, len(owners))
     iclasses = tuple(
         IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o),
                _owner_shardable(fn, rules, o))
@@ -238,7 +239,7 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     return NDA(
         fn, MappingProxyType(names.def_base), names.use_base, names.result_base, name_iclass, iclasses,
         op_factor_iclass, tuple(map(tuple, color_iclasses)), tuple(map(tuple, color_conflicts)),
-        tuple(int(n) for n in color_names), conflicts, compat_sets, classes, deselected,
+        tuple(int(n) for n in color_names), neighbors, conflicts, compat_sets, classes, deselected,
         _param_groups(fn, group_params, group_depth),
     )
 
@@ -330,22 +331,25 @@ def _identities(fn: Function, names: _Names, rules: _RuleCache) -> tuple[np.ndar
     return name_iclass.astype(np.int64), owners, op_factor_iclass
 
 
-def _colors(fn: Function, names: _Names, name_iclass: np.ndarray, count: int) -> tuple[np.ndarray, int]:
-    """Connect each definition's dims to the same dims of its uses (map M)."""
+def _colors(fn: Function, names: _Names, name_iclass: np.ndarray, count: int):
+    """Connect each definition's dims to the same dims of its uses (map M).
+
+    Returns the color of each I-class, the number of colors, and each
+    I-class's neighbours along M (for propagation that stops where blocked).
+    """
     uf = UnionFind(count)
+    neighbors: list[set[int]] = [set() for _ in range(count)]
     for op, bases in zip(fn.ops, names.use_base):
         for v, base in zip(op.operands, bases):
-            _link(uf, name_iclass, names.def_base[v], base, v.type.rank)
-    for v, base in zip(fn.results, names.result_base):
-        _link(uf, name_iclass, names.def_base[v], base, v.type.rank)
+            for d in range(v.type.rank):
+                a, b = int(name_iclass[names.def_base[v] + d]), int(name_iclass[base + d])
+                uf.union(a, b)
+                if a != b:
+                    neighbors[a].add(b)
+                    neighbors[b].add(a)
     roots = np.fromiter((uf.find(i) for i in range(count)), np.int64, count)
     ids, color = np.unique(roots, return_inverse=True)
-    return color.astype(np.int64), len(ids)
-
-
-def _link(uf: UnionFind, name_iclass: np.ndarray, def_name: int, use_name: int, rank: int) -> None:
-    for d in range(rank):
-        uf.union(int(name_iclass[def_name + d]), int(name_iclass[use_name + d]))
+    return color.astype(np.int64), len(ids), tuple(tuple(sorted(n)) for n in neighbors)
 
 
 def _owner_size(fn: Function, rules: _RuleCache, owner: tuple) -> int:

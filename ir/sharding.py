@@ -18,7 +18,15 @@ consumer's).
     (opaque factors, minor parts of merged dimensions);
   - except (I-class, axis) pairs a `replicate` tactic keeps whole;
   - a decision may name a single I-class (`only`): how a manual tactic pins
-    the parameter dimensions it names before their colors propagate.
+    the parameter dimensions it names; with `spread`, the sharding then
+    propagates from that I-class along map M and stops at every I-class it
+    cannot shard (owner already using the axis, blocked, not divisible,
+    unsplittable); deselected I-classes stay unsharded but are passed
+    through. That is how manual tactics propagate: a whole-color decision
+    would also reach I-classes only connected through blocked ones (ZeRO-3
+    on `first_divisible` dims: wq's d_model and wo's heads share the Adam
+    ops' factors colorwise, and the first color to claim the axis would
+    reshard every other parameter's optimizer update).
 """
 
 from __future__ import annotations
@@ -35,11 +43,14 @@ DimAxes = tuple[tuple[str, ...], ...]
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Shard `color` (or only its I-class `only`) along mesh `axis`."""
+    """Shard `color` along mesh `axis`; or, with `only`, just that I-class; or,
+    with `only` and `spread`, that I-class and what it reaches along map M
+    without crossing an I-class the axis cannot shard (PartIR's propagation)."""
 
     axis: str
     color: int
     only: int | None = None
+    spread: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +83,22 @@ def local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:
     return ty.with_shape(tuple(shape))
 
 
+def _spread(nda: NDA, start: int, claim) -> None:
+    """Breadth-first from `start` along map M, through I-classes `claim` accepts."""
+    if not claim(start):
+        return
+    frontier, seen = [start], {start}
+    while frontier:
+        nxt = []
+        for k in frontier:
+            for n in nda.neighbors[k]:
+                if n not in seen:
+                    seen.add(n)
+                    if claim(n):
+                        nxt.append(n)
+        frontier = nxt
+
+
 def materialize(
     nda: NDA,
     mesh: Mesh,
@@ -87,20 +114,37 @@ def materialize(
     blocked = set(replicated)
     axes: list[list[str]] = [[] for _ in nda.iclasses]
     used: dict[tuple, set[str]] = {}
+
+    def take(k: int, axis: str, size: int) -> bool:
+        """Shard I-class k along `axis` if the rules allow it."""
+        ic = nda.iclasses[k]
+        owner_axes = used.setdefault(ic.owner[:2], set())
+        if (
+            not ic.shardable
+            or k in deselected
+            or (k, axis) in blocked
+            or axis in owner_axes
+            or ic.size % (math.prod(mesh.size(a) for a in axes[k]) * size)
+        ):
+            return False
+        axes[k].append(axis)
+        owner_axes.add(axis)
+        return True
+
     for decision in decisions:
         size = mesh.size(decision.axis)
-        targets = nda.color_iclasses[decision.color] if decision.only is None else (decision.only,)
-        for k in targets:
-            ic = nda.iclasses[k]
-            owner_axes = used.setdefault(ic.owner[:2], set())
-            if (
-                not ic.shardable
-                or k in deselected
-                or (k, decision.axis) in blocked
-                or decision.axis in owner_axes
-                or ic.size % (math.prod(mesh.size(a) for a in axes[k]) * size)
-            ):
-                continue
-            axes[k].append(decision.axis)
-            owner_axes.add(decision.axis)
+        if decision.only is None:
+            for k in nda.color_iclasses[decision.color]:
+                take(k, decision.axis, size)
+        elif decision.spread:
+            axis = decision.axis
+
+            # Deselected I-classes are passed through, not stopped at: a resolution
+            # unshards one side of a conflict, not the rest of the color beyond it.
+            def claim(k: int, axis: str = axis, size: int = size) -> bool:
+                return axis in axes[k] or k in deselected or take(k, axis, size)
+
+            _spread(nda, decision.only, claim)
+        else:
+            take(decision.only, decision.axis, size)
     return FactorSharding(mesh, tuple(tuple(a) for a in axes))

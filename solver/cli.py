@@ -118,6 +118,34 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned(args: argparse.Namespace):
+    from ir.lower import LowerOptions
+    from solver.planner import plan_spec
+    from solver.spec import load_spec
+
+    return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from solver.planner import format_plan, plan_report
+
+    report = plan_report(_planned(args), args.solver)
+    print(json.dumps(report, indent=2) if args.json else format_plan(report), end="\n" if args.json else "")
+    return 0
+
+
+def cmd_lower(args: argparse.Namespace) -> int:
+    from ir.text import print_function
+
+    text = print_function(_planned(args).lowered.function)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"shardplan": version(), "python": sys.version.split()[0], "numpy": np.__version__}))
@@ -164,6 +192,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
     p.add_argument("--dot", type=int, metavar="COLOR", help="print the Graphviz DOT graph of one color instead")
     p.set_defaults(func=cmd_explain)
+
+    for name, func, summary in (
+        ("plan", cmd_plan, "run the spec's schedule and report the plan and its collectives"),
+        ("lower", cmd_lower, "print the device-local program of the spec's plan, collectives explicit"),
+    ):
+        p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
+        p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
+                       help="none: the schedule's manual tactics only (default)")
+        p.add_argument("--reuse-resharded", action="store_true",
+                       help="keep resharded values (e.g. all_gathered parameters) for later uses instead of "
+                       "resharding at each use")
+        if name == "plan":
+            p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+        else:
+            p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
+        p.set_defaults(func=func)
     return parser
 
 
@@ -177,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except IRError as err:
         print(f"shardplan: error: {err}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except NotImplementedError as err:
+        print(f"shardplan: not implemented yet: {err}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except OSError as err:
         print(f"shardplan: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)

@@ -45,6 +45,7 @@ from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
+from solver.tactics import Auto, Manual, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
 # PartitionSpecs, where plain identifiers need no quoting.
@@ -112,6 +113,61 @@ class ModelSpec(_Strict):
         return self
 
 
+class ManualSpec(_Strict):
+    """`manual:` shard values (name or glob -> dimension) along one axis."""
+
+    axis: str
+    values: dict[str, Annotated[int, Field(strict=True, ge=0)] | Literal["first_divisible"]] = Field(min_length=1)
+
+
+class ReplicateSpec(_Strict):
+    """`replicate:` keep values (names or globs) unsharded along one axis."""
+
+    axis: str
+    values: list[str] = Field(min_length=1)
+
+
+class AutoSpec(_Strict):
+    """`auto:` a search backend on some axes."""
+
+    axes: list[str] = Field(min_length=1)
+    solver: Literal["cpsat", "mcts"] = "cpsat"
+    time_limit: float | None = Field(default=None, gt=0)
+
+
+class TacticSpec(_Strict):
+    """One schedule entry: exactly one of manual, replicate, resolve, auto."""
+
+    manual: ManualSpec | None = None
+    replicate: ReplicateSpec | None = None
+    resolve: dict[int, Literal[0, 1]] | None = None
+    auto: AutoSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TacticSpec:
+        given = [k for k in ("manual", "replicate", "resolve", "auto") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a schedule entry is exactly one of manual, replicate, resolve, auto; "
+                             f"got {given or 'none'}")
+        return self
+
+    def axes(self) -> list[str]:
+        if self.manual is not None:
+            return [self.manual.axis]
+        if self.replicate is not None:
+            return [self.replicate.axis]
+        return list(self.auto.axes) if self.auto is not None else []
+
+    def tactic(self) -> Tactic:
+        if self.manual is not None:
+            return Manual(self.manual.axis, tuple(self.manual.values.items()))
+        if self.replicate is not None:
+            return Replicate(self.replicate.axis, tuple(self.replicate.values))
+        if self.resolve is not None:
+            return Resolve(tuple(sorted(self.resolve.items())))
+        return Auto(tuple(self.auto.axes), self.auto.solver)
+
+
 class Spec(_Strict):
     """A validated spec; `build()` traces its program, `mesh_obj()` its mesh."""
 
@@ -120,6 +176,7 @@ class Spec(_Strict):
     model: ModelSpec
     mesh: dict[str, Annotated[int, Field(strict=True, gt=0)]]
     hardware: str
+    schedule: list[TacticSpec] = Field(default_factory=list)
     # The file the spec came from, for the messages of errors found in build().
     _source: str = PrivateAttr("<spec>")
 
@@ -139,6 +196,18 @@ class Spec(_Strict):
         if name not in PRESET_NAMES:
             raise ValueError(f"unknown hardware preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}")
         return name
+
+    @model_validator(mode="after")
+    def _schedule_axes(self) -> Spec:
+        for i, entry in enumerate(self.schedule):
+            for axis in entry.axes():
+                if axis not in self.mesh:
+                    raise ValueError(f"schedule.{i}: unknown mesh axis {axis!r}; mesh axes: {', '.join(self.mesh)}")
+        return self
+
+    def tactics(self) -> list[Tactic]:
+        """The schedule as tactics, in order."""
+        return [entry.tactic() for entry in self.schedule]
 
     @property
     def source(self) -> str:
@@ -260,7 +329,8 @@ def _validation_message(filename: str, exc: ValidationError) -> str:
     else:
         message = first["msg"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{filename}: {where}: {_one_line(message)}{more}"
+    # A whole-spec check (empty loc) names its field in its own message.
+    return f"{filename}: {where + ': ' if where else ''}{_one_line(message)}{more}"
 
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:

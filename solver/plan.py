@@ -1,0 +1,80 @@
+"""The sharding plan: the one currency between tactics, search backends,
+lowering and costs.
+
+A `Plan` holds ordered decisions (shard a color, or one pinned I-class, along
+a mesh axis), one bit per resolution class, and the (I-class, axis) pairs a
+`replicate` tactic keeps whole. `Plan.materialize(nda)` applies the rules of
+`ir.sharding.materialize` and gives the factor sharding. Color and class ids
+refer to the NDA of one program; the JSON form records them with readable
+descriptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ir.core import IRError, Mesh
+from ir.nda import NDA
+from ir.sharding import Decision, FactorSharding, materialize
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    mesh: Mesh
+    decisions: tuple[Decision, ...] = ()
+    resolutions: tuple[tuple[int, int], ...] = ()  # (resolution class, bit), sorted by class
+    replicated: tuple[tuple[int, str], ...] = field(default=())
+
+    def materialize(self, nda: NDA) -> FactorSharding:
+        return materialize(nda, self.mesh, self.decisions, dict(self.resolutions), self.replicated)
+
+    def with_decisions(self, *decisions: Decision) -> Plan:
+        return Plan(self.mesh, self.decisions + decisions, self.resolutions, self.replicated)
+
+    def with_resolutions(self, bits: dict[int, int]) -> Plan:
+        merged = dict(self.resolutions)
+        merged.update(bits)
+        return Plan(self.mesh, self.decisions, tuple(sorted(merged.items())), self.replicated)
+
+    def with_replicated(self, pairs: list[tuple[int, str]]) -> Plan:
+        return Plan(self.mesh, self.decisions, self.resolutions, self.replicated + tuple(pairs))
+
+    def to_json(self, nda: NDA | None = None) -> dict[str, Any]:
+        """JSON form; with the NDA, each decision also says what it shards."""
+
+        def decision(d: Decision) -> dict[str, Any]:
+            out: dict[str, Any] = {"axis": d.axis, "color": d.color}
+            if d.only is not None:
+                out["only"] = d.only
+                out["spread"] = d.spread
+            if nda is not None:
+                out["what"] = _describe(nda, d)
+            return out
+
+        return {
+            "mesh": dict(self.mesh.axes),
+            "decisions": [decision(d) for d in self.decisions],
+            "resolutions": {str(k): bit for k, bit in self.resolutions},
+            "replicated": [[k, axis] for k, axis in self.replicated],
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Plan:
+        try:
+            mesh = Mesh.from_pairs(data["mesh"].items())
+            decisions = tuple(Decision(str(d["axis"]), int(d["color"]), d.get("only"), bool(d.get("spread", False)))
+                              for d in data["decisions"])
+            resolutions = tuple(sorted((int(k), int(v)) for k, v in data.get("resolutions", {}).items()))
+            replicated = tuple((int(k), str(a)) for k, a in data.get("replicated", []))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise IRError(f"malformed plan JSON: {err!r}") from None
+        return Plan(mesh, decisions, resolutions, replicated)
+
+
+def _describe(nda: NDA, d: Decision) -> str:
+    if d.only is not None:
+        return nda.describe_iclass(d.only) + (" and onward" if d.spread else "")
+    examples = [f"%{v.name}[{k}]" for v in nda.function.params for k in range(v.type.rank)
+                if nda.def_color(v, k) == d.color][:3]
+    return f"color #{d.color}" + (f" ({', '.join(examples)})" if examples else "")

@@ -1,0 +1,111 @@
+"""From a spec to a plan and its device-local program: the pipeline behind
+`shardplan plan` and `shardplan lower`.
+
+build the program -> Named Dimension Analysis -> the schedule's plan (or a
+search backend's) -> factor sharding -> lowering -> collective counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ir import ops
+from ir.core import IRError
+from ir.lower import Lowered, LowerOptions, lower
+from ir.models.base import Model
+from ir.nda import NDA, analyze
+from ir.sharding import FactorSharding, local_type
+from solver.plan import Plan
+from solver.spec import Spec
+from solver.tactics import Auto, apply_schedule
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice")
+SOLVERS = ("none", "cpsat", "mcts")
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    spec: Spec
+    model: Model
+    nda: NDA
+    plan: Plan
+    sharding: FactorSharding
+    lowered: Lowered
+    seconds: dict[str, float]
+
+
+def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None) -> Planned:
+    """Run the spec's schedule (`solver="none"`: manual tactics only) and lower the plan."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    model = spec.build()
+    seconds["build"] = time.perf_counter() - start
+    nda = analyze(model.function, model.params)
+    seconds["analysis"] = time.perf_counter() - start - seconds["build"]
+    tactics = spec.tactics()
+    if solver != "none":
+        # The chosen backend runs the schedule's auto tactics, or all axes after the manual ones.
+        autos = [t for t in tactics if isinstance(t, Auto)]
+        tactics = [Auto(t.axes, solver) if isinstance(t, Auto) else t for t in tactics]
+        if not autos:
+            tactics.append(Auto(tuple(spec.mesh), solver))
+    elif not tactics:
+        raise IRError(f"{spec.source}: no schedule: add manual tactics under `schedule:` (see the README), "
+                      "or choose a search backend with --solver")
+    t0 = time.perf_counter()
+    plan = apply_schedule(nda, spec.mesh_obj(), tactics)
+    sharding = plan.materialize(nda)
+    seconds["plan"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lowered = lower(model.function, nda, sharding, options or LowerOptions())
+    seconds["lower"] = time.perf_counter() - t0
+    return Planned(spec, model, nda, plan, sharding, lowered, seconds)
+
+
+def collective_counts(lowered: Lowered) -> dict[str, int]:
+    counts = Counter(op.kind for op in lowered.function.ops if ops.get(op.kind).is_collective)
+    return {kind: counts.get(kind, 0) for kind in COLLECTIVE_KINDS}
+
+
+def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
+    """The `shardplan plan --json` object (schema in the README)."""
+    fn, mesh = planned.model.function, planned.sharding.mesh
+
+    def tensor(name: str, ty, dims) -> dict[str, Any]:
+        return {"name": name, "type": str(ty), "sharding": [list(a) for a in dims],
+                "local_type": str(local_type(ty, dims, mesh))}
+
+    return {
+        "spec": planned.spec.name,
+        "source": planned.spec.source,
+        "solver": solver,
+        "mesh": dict(mesh.axes),
+        "plan": planned.plan.to_json(planned.nda),
+        "collectives": collective_counts(planned.lowered),
+        "local_program": {"ops": len(planned.lowered.function.ops)},
+        "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
+        "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
+        "time_s": dict(planned.seconds),
+    }
+
+
+def format_plan(report: dict[str, Any], shown: int = 20) -> str:
+    """The human-readable plan report."""
+    counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
+    mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
+    lines = [f"{report['source']}: plan (solver {report['solver']}) on mesh {mesh}",
+             f"collectives: {counts}; local program: {report['local_program']['ops']} ops", "", "decisions:"]
+    lines += [f"  {d['axis']:>8}: {d['what']}" for d in report["plan"]["decisions"]] or ["  none"]
+    if report["plan"]["resolutions"]:
+        lines.append("resolutions: " + ", ".join(f"class {k} -> {b}" for k, b in report["plan"]["resolutions"].items()))
+    sharded = [p for p in report["params"] if any(p["sharding"])]
+    lines += ["", f"parameters sharded: {len(sharded)} of {len(report['params'])}"]
+    for p in sharded[:shown]:
+        dims = ", ".join("+".join(a) if a else "-" for a in p["sharding"])
+        lines.append(f"  %{p['name']}: {p['type']} [{dims}] -> {p['local_type']}")
+    if len(sharded) > shown:
+        lines.append(f"  ... and {len(sharded) - shown} more (--json lists them all)")
+    return "\n".join(lines) + "\n"

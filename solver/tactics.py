@@ -1,0 +1,146 @@
+"""Tactics and schedules (PartIR): a schedule is a list of tactics applied in
+order to a growing `Plan`; a later tactic never undoes an earlier one (its
+decisions come after, and earlier decisions win on a contended axis).
+
+  Manual(axis, values)   shard parameters (name or glob -> dimension, or
+                         "first_divisible") along `axis`. The dimensions it
+                         names are pinned first, then each one's sharding
+                         propagates along its color, stopping where the axis
+                         is taken: otherwise ZeRO-3's "every parameter on
+                         its first dimension" could be pre-empted by another
+                         parameter's color reaching a shared tensor (in the
+                         MLP, w1's second dimension shares w2's first
+                         dimension's color).
+  Replicate(axis, values) keep the named parameters unsharded along `axis`
+                         (PartIR's atomic).
+  Resolve(bits)          set resolution-class bits (`shardplan explain`
+                         lists the classes and what each resolution shards).
+  Auto(axes, solver)     run a search backend on the given axes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ir.core import IRError, Mesh, Value
+from ir.nda import NDA
+from ir.sharding import Decision
+from solver.plan import Plan
+
+FIRST_DIVISIBLE = "first_divisible"
+
+
+class TacticError(IRError):
+    """A tactic names something the program or mesh does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Manual:
+    axis: str
+    values: tuple[tuple[str, int | str], ...]  # (name or glob, dim or FIRST_DIVISIBLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    axis: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    bits: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Auto:
+    axes: tuple[str, ...]
+    solver: str = "cpsat"
+
+
+Tactic = Manual | Replicate | Resolve | Auto
+
+
+def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic]) -> Plan:
+    """The plan a schedule builds, tactic by tactic."""
+    plan = Plan(mesh)
+    for index, tactic in enumerate(schedule):
+        where = f"schedule.{index}.{type(tactic).__name__.lower()}"
+        if isinstance(tactic, Manual):
+            plan = _manual(nda, plan, tactic, where)
+        elif isinstance(tactic, Replicate):
+            _check_axis(mesh, tactic.axis, where)
+            pairs = [(nda.def_iclass(v, d), tactic.axis) for v in _matching(nda, tactic.values, where)
+                     for d in range(v.type.rank)]
+            plan = plan.with_replicated(pairs)
+        elif isinstance(tactic, Resolve):
+            plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
+        else:
+            raise NotImplementedError(
+                f"{where}: the auto tactic needs a search backend ({tactic.solver}); the CP-SAT and MCTS "
+                "backends arrive with their issues. Use manual tactics for now."
+            )
+    return plan
+
+
+def _manual(nda: NDA, plan: Plan, tactic: Manual, where: str) -> Plan:
+    _check_axis(plan.mesh, tactic.axis, where)
+    sharding = plan.materialize(nda)
+    pins: list[tuple[Value, int]] = []
+    for pattern, dim in tactic.values:
+        for v in _matching(nda, (pattern,), where):
+            d = _pick_dim(nda, sharding, v, dim, tactic.axis, plan.mesh, where)
+            if d is not None and (v, d) not in pins:
+                pins.append((v, d))
+    pinned = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d)) for v, d in pins]
+    spread = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d), spread=True) for v, d in pins]
+    return plan.with_decisions(*pinned, *spread)
+
+
+def _pick_dim(nda: NDA, sharding, v: Value, dim: int | str, axis: str, mesh: Mesh, where: str) -> int | None:
+    if dim != FIRST_DIVISIBLE:
+        if not isinstance(dim, int) or not 0 <= dim < v.type.rank:
+            raise TacticError(f"{where}: %{v.name} is {v.type}: dimension {dim!r} is not one of 0..{v.type.rank - 1}"
+                              f" (or {FIRST_DIVISIBLE!r})")
+        return dim
+    dims = sharding.def_dims(nda, v)
+    if any(axis in axes for axes in dims):
+        return None  # already sharded along this axis
+    for d in range(v.type.rank):
+        ic = nda.iclasses[nda.def_iclass(v, d)]
+        devices = math.prod(mesh.size(a) for a in dims[d]) * mesh.size(axis)
+        if ic.shardable and v.type.shape[d] % devices == 0:
+            return d
+    return None
+
+
+def _matching(nda: NDA, patterns: Sequence[str], where: str) -> list[Value]:
+    """The parameters (inputs, as in PartIR) matching any of the glob patterns."""
+    params = nda.function.params
+    out: list[Value] = []
+    for pattern in patterns:
+        found = [v for v in params if fnmatch.fnmatchcase(v.name, pattern)]
+        if not found:
+            names = [p.name for p in params]
+            shown = ", ".join(names[:12]) + (f", ... ({len(names)} parameters)" if len(names) > 12 else "")
+            raise TacticError(f"{where}: no parameter matches {pattern!r}; parameters: {shown}")
+        out += [v for v in found if v not in out]
+    return out
+
+
+def _check_axis(mesh: Mesh, axis: str, where: str) -> None:
+    if axis not in mesh.names:
+        raise TacticError(f"{where}: unknown mesh axis {axis!r}; mesh axes: {', '.join(mesh.names)}")
+
+
+def _checked_bits(nda: NDA, bits: tuple[tuple[int, int], ...], where: str) -> dict[int, int]:
+    count = len(nda.resolution_classes)
+    for k, bit in bits:
+        if not 0 <= k < count:
+            valid = f"0..{count - 1}" if count else "none: the program has no conflicts"
+            raise TacticError(f"{where}: no resolution class {k}; classes: {valid}")
+        if bit not in (0, 1):
+            raise TacticError(f"{where}: resolution bits are 0 or 1, got {bit!r} for class {k}")
+    return dict(bits)
