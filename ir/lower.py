@@ -130,15 +130,33 @@ class _Lowering:
         return _Local(x, tuple(dims))
 
     def redistribute(self, state: _Local, want: DimAxes) -> Value:
-        """Move a (non-partial, or linearly flowing) value to sharding `want`."""
+        """Move a (non-partial, or linearly flowing) value to sharding `want`.
+
+        Only ever drops the trailing axes of a dimension and appends to one
+        whose axes are already the wanted prefix: gathers of dimensions that
+        are not all_to_all sources first, then the all_to_alls that are
+        valid by then, then the remaining gathers, then the slices.
+        """
         x, cur = state.value, [list(d) for d in state.dims]
         keep = [_common_prefix(c, w) for c, w in zip(cur, want)]
         extra = [tuple(c[k:]) for c, k in zip(cur, keep)]
         added = [tuple(w[k:]) for w, k in zip(want, keep)]
+        moves = []
         for src, moving in enumerate(extra):
-            dst = next((d for d, a in enumerate(added) if moving and a == moving and d != src), None)
+            dst = next((d for d, a in enumerate(added) if moving and a == moving and d != src
+                        and d not in {m[1] for m in moves}), None)
             if dst is not None:
-                x = self.collective("all_to_all", x, "a2a", axes=list(moving), src_dim=src, dst_dim=dst)
+                moves.append((src, dst))
+        sources = {src for src, _ in moves}
+        for d, axes in enumerate(extra):
+            if axes and d not in sources:
+                x = self.collective("all_gather", x, "ag", axes=list(axes), dim=d)
+                cur[d], extra[d] = cur[d][: keep[d]], ()
+        for src, dst in moves:
+            moving = list(extra[src])
+            if cur[src][-len(moving):] == moving and cur[dst] == list(want[dst][: len(want[dst]) - len(moving)]):
+                x = self.collective("all_to_all", x, "a2a", axes=moving, src_dim=src, dst_dim=dst)
+                cur[src], cur[dst] = cur[src][: -len(moving)], cur[dst] + moving
                 extra[src], added[dst] = (), ()
         for d, axes in enumerate(extra):
             if axes:

@@ -8,3 +8,12 @@ ROOT = TESTS.parent
 EXAMPLES = ROOT / "examples"
 
 sys.path.insert(0, str(TESTS))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the device-local programs under tests/golden/ (keeping each file's leading // comment)",
+    )
