@@ -10,6 +10,15 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(TESTS))
 
 
+def shardplan(capsys, *argv):
+    """Run the CLI in-process: (exit code, stdout, stderr)."""
+    from solver import cli
+
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--update-golden",

@@ -6,17 +6,11 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, shardplan
 
 from ir.interpret import random_inputs, run
 from ir.text import parse_file
 from solver import cli
-
-
-def shardplan(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_help_lists_subcommands(capsys):

@@ -3,17 +3,13 @@
 import json
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, shardplan
 
 from solver import cli
 
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 
 
-def shardplan(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.stem for s in SPECS])

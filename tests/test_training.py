@@ -3,6 +3,7 @@ finite differences (float64), and the Adam step against numpy."""
 
 import numpy as np
 import pytest
+from spmd_check import model_inputs
 
 from ir.autodiff import Adam, grad, training_step
 from ir.interpret import run
@@ -25,25 +26,6 @@ MODELS = {
 }
 
 
-def model_inputs(fn, seed: int) -> dict[str, np.ndarray]:
-    """float64 inputs of moderate size; integer inputs are valid token ids.
-
-    Positive floats keep the simplified attention's mock softmax (a division
-    by a mean) away from a zero denominator.
-    """
-    rng = np.random.default_rng(seed)
-    vocab = min((op.operands[0].type.shape[0] for op in fn.ops if op.kind == "gather"), default=1)
-    out = {}
-    for p in fn.params:
-        if p.type.dtype == "i32":
-            out[p.name] = rng.integers(0, vocab, p.type.shape).astype(np.int32)
-        else:
-            out[p.name] = rng.uniform(0.2, 1.0, p.type.shape) * rng.choice([1.0, 1.0, -1.0], p.type.shape)
-    if fn.name == "simplified_attention":
-        out = {k: np.abs(v) for k, v in out.items()}
-    return out
-
-
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
     name, sizes = MODELS[request.param]
@@ -53,7 +35,7 @@ def model(request):
 def test_gradient_matches_central_differences(model):
     fn = model.function
     gradient = grad(fn, model.params)
-    inputs = model_inputs(fn, seed=1)
+    inputs = model_inputs(model, seed=1)
     loss, *grads = run(gradient, inputs, float_dtype=np.float64)
     assert np.isfinite(loss)
 
@@ -71,10 +53,7 @@ def test_gradient_matches_central_differences(model):
 def test_adam_step_matches_numpy(model):
     opt = Adam(lr=0.05, b1=0.85, b2=0.99, eps=1e-7)
     step = training_step(model, optimizer=opt)
-    inputs = model_inputs(step.function, seed=3)
-    for name in model.params:
-        inputs[f"opt.v.{name}"] = inputs[f"opt.v.{name}"] ** 2  # second moments are non-negative
-    inputs["opt.step"] = np.array(2.0)
+    inputs = model_inputs(step, seed=3)  # second moments non-negative, opt.step = 2
     results = run(step.function, inputs, float_dtype=np.float64)
     out = dict(zip((r.name for r in step.function.results), results))
     fwd_inputs = {p.name: inputs[p.name] for p in model.function.params}
