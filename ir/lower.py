@@ -190,14 +190,13 @@ class _Lowering:
         sole_use = all(self.use_count[o] == 1 for o, s in zip(op.operands, states) if s.partial)
         flowing = _flowing_partial(op, states, wants) if sole_use else ()
         operands = [self.operand(o, want, bool(flowing)) for o, want in zip(op.operands, wants)]
-        reduced = [f for f in rule.factors if f.kind is ops.FactorKind.REDUCTION]
         partial = list(flowing)
         combiner = "sum"
         for k, f in enumerate(rule.factors):
             if f.kind is ops.FactorKind.REDUCTION and factor_axes[k]:
                 partial += factor_axes[k]
                 combiner = f.combiner or "sum"
-        if flowing and combiner != "sum" and reduced:
+        if flowing and combiner != "sum":
             raise LoweringError(f"{op.describe()}: cannot combine a flowing sum with a {combiner} reduction")
         (result,) = op.results
         dims = tuple(factor_axes[d[0]] for d in rule.results[0])
