@@ -215,6 +215,11 @@ class Mesh:
     def group_size(self, axes: tuple[str, ...]) -> int:
         return math.prod(self.size(a) for a in axes)
 
+    def ordered(self, axes: Any) -> tuple[str, ...]:
+        """The given axes (any iterable) in mesh order, major to minor."""
+        chosen = set(axes)
+        return tuple(n for n in self.names if n in chosen)
+
     def __bool__(self) -> bool:
         return bool(self.axes)
 

@@ -35,6 +35,7 @@ forward and once in the backward pass).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ir import ops
@@ -44,6 +45,8 @@ from ir.nda import NDA
 from ir.sharding import DimAxes, FactorSharding, local_type
 
 LINEAR_UNARY = frozenset({"neg", "convert", "transpose", "reshape", "broadcast_in_dim", "slice"})
+# Every kind a pending partial sum may flow through (see `flowing_partial`).
+FLOWING_KINDS = LINEAR_UNARY | {"reduce", "add", "sub", "mul", "div"}
 
 
 class LoweringError(IRError):
@@ -109,74 +112,23 @@ class _Lowering:
 
     # -- resharding
 
-    def reduce_partial(self, state: _Local, want: DimAxes) -> _Local:
-        """Combine a pending partial result: reduce_scatter where the use adds a
-        partial axis to a dimension, all_reduce for the rest."""
-        x, dims, pending = state.value, list(state.dims), list(state.partial)
-        for d, (have, need) in enumerate(zip(state.dims, want)):
-            if need[: len(have)] != have:
-                continue
-            run = []
-            for a in need[len(have):]:
-                if a not in pending:
-                    break
-                run.append(a)
-            if run:
-                x = self.collective("reduce_scatter", x, "rs", axes=run, dim=d, combiner=state.combiner)
-                dims[d] = have + tuple(run)
-                pending = [a for a in pending if a not in run]
-        if pending:
-            x = self.collective("all_reduce", x, "ar", axes=pending, combiner=state.combiner)
-        return _Local(x, tuple(dims))
-
-    def redistribute(self, state: _Local, want: DimAxes) -> Value:
-        """Move a (non-partial, or linearly flowing) value to sharding `want`.
-
-        Only ever drops the trailing axes of a dimension and appends to one
-        whose axes are already the wanted prefix: gathers of dimensions that
-        are not all_to_all sources first, then the all_to_alls that are
-        valid by then, then the remaining gathers, then the slices.
-        """
-        x, cur = state.value, [list(d) for d in state.dims]
-        keep = [_common_prefix(c, w) for c, w in zip(cur, want)]
-        extra = [tuple(c[k:]) for c, k in zip(cur, keep)]
-        added = [tuple(w[k:]) for w, k in zip(want, keep)]
-        moves = []
-        for src, moving in enumerate(extra):
-            dst = next((d for d, a in enumerate(added) if moving and a == moving and d != src
-                        and d not in {m[1] for m in moves}), None)
-            if dst is not None:
-                moves.append((src, dst))
-        sources = {src for src, _ in moves}
-        for d, axes in enumerate(extra):
-            if axes and d not in sources:
-                x = self.collective("all_gather", x, "ag", axes=list(axes), dim=d)
-                cur[d], extra[d] = cur[d][: keep[d]], ()
-        for src, dst in moves:
-            moving = list(extra[src])
-            if cur[src][-len(moving):] == moving and cur[dst] == list(want[dst][: len(want[dst]) - len(moving)]):
-                x = self.collective("all_to_all", x, "a2a", axes=moving, src_dim=src, dst_dim=dst)
-                cur[src], cur[dst] = cur[src][: -len(moving)], cur[dst] + moving
-                extra[src], added[dst] = (), ()
-        for d, axes in enumerate(extra):
-            if axes:
-                x = self.collective("all_gather", x, "ag", axes=list(axes), dim=d)
-        for d, axes in enumerate(added):
-            if axes:
-                x = self.collective("all_slice", x, "as", axes=list(axes), dim=d)
+    def apply(self, x: Value, steps: list[Step]) -> Value:
+        for step in steps:
+            x = self.collective(step.kind, x, SUFFIX[step.kind], **dict(step.attrs))
         return x
 
     def operand(self, v: Value, want: DimAxes, keep_partial: bool) -> Value:
         state = self.env[v]
         if state.partial and not keep_partial:
-            state = self.reduce_partial(state, want)
+            steps = reduce_steps(state.dims, state.partial, state.combiner, want)
+            state = _Local(self.apply(state.value, steps), steps[-1].dims)
             self.env[v] = state  # reduced once: later uses start from the full value
         if state.dims == want:
             return state.value
         key = (v, want, state.partial)
         if self.options.reuse_resharded and key in self.cache:
             return self.cache[key]
-        local = self.redistribute(state, want)
+        local = self.apply(state.value, redistribute_steps(state.dims, want))
         self.cache[key] = local
         return local
 
@@ -188,13 +140,14 @@ class _Lowering:
         wants = [tuple(factor_axes[dims[0]] for dims in tensor) for tensor in rule.operands]
         states = [self.env[o] for o in op.operands]
         sole_use = all(self.use_count[o] == 1 for o, s in zip(op.operands, states) if s.partial)
-        flowing = _flowing_partial(op, states, wants) if sole_use else ()
+        flowing = flowing_partial(op, [s.partial for s in states], [s.combiner for s in states], wants) \
+            if sole_use else ()
         operands = [self.operand(o, want, bool(flowing)) for o, want in zip(op.operands, wants)]
-        partial = list(flowing)
+        partial = set(flowing)
         combiner = "sum"
         for k, f in enumerate(rule.factors):
             if f.kind is ops.FactorKind.REDUCTION and factor_axes[k]:
-                partial += factor_axes[k]
+                partial.update(factor_axes[k])
                 combiner = f.combiner or "sum"
         if flowing and combiner != "sum":
             raise LoweringError(f"{op.describe()}: cannot combine a flowing sum with a {combiner} reduction")
@@ -206,7 +159,8 @@ class _Lowering:
         local = self.b.op(op.kind, operands, result.name, **attrs.as_dict())
         if local.type != want_type:
             raise LoweringError(f"{op.describe()}: local result {local.type} differs from the expected {want_type}")
-        self.env[result] = _Local(local, dims, tuple(partial), combiner)
+        # Partial axes in mesh order: one canonical form, so equally partial operands compare equal.
+        self.env[result] = _Local(local, dims, self.sharding.mesh.ordered(partial), combiner)
 
     def run(self) -> Lowered:
         param_dims = []
@@ -227,6 +181,86 @@ class _Lowering:
         return Lowered(self.b.build(results), tuple(param_dims), tuple(result_dims))
 
 
+SUFFIX = {"all_gather": "ag", "all_slice": "as", "all_to_all": "a2a", "all_reduce": "ar", "reduce_scatter": "rs"}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One collective of a resharding: its kind and attributes, and how the
+    value is sharded after it. Pure data, so the cost table can price the
+    very steps the lowering emits without building IR."""
+
+    kind: str
+    attrs: tuple[tuple[str, object], ...]
+    dims: DimAxes
+
+
+def reduce_steps(dims: DimAxes, partial: tuple[str, ...], combiner: str, want: DimAxes) -> list[Step]:
+    """Combine a pending partial result: reduce_scatter where the use adds a
+    partial axis to a dimension, all_reduce for the rest. Never empty."""
+    steps, cur, pending = [], list(dims), list(partial)
+    for d, (have, need) in enumerate(zip(dims, want)):
+        if need[: len(have)] != have:
+            continue
+        run = []
+        for a in need[len(have):]:
+            if a not in pending:
+                break
+            run.append(a)
+        if run:
+            cur[d] = have + tuple(run)
+            pending = [a for a in pending if a not in run]
+            steps.append(Step("reduce_scatter", (("axes", tuple(run)), ("combiner", combiner), ("dim", d)), tuple(cur)))
+    if pending:
+        steps.append(Step("all_reduce", (("axes", tuple(pending)), ("combiner", combiner)), tuple(cur)))
+    return steps
+
+
+def redistribute_steps(dims: DimAxes, want: DimAxes) -> list[Step]:
+    """Move a (non-partial, or linearly flowing) value from sharding `dims` to `want`.
+
+    Only ever drops the trailing axes of a dimension and appends to one
+    whose axes are already the wanted prefix: gathers of dimensions that
+    are not all_to_all sources first, then the all_to_alls that are
+    valid by then, then the remaining gathers, then the slices.
+    """
+    steps: list[Step] = []
+    cur = [list(d) for d in dims]
+
+    def step(kind: str, **attrs) -> None:
+        steps.append(Step(kind, tuple(sorted(attrs.items())), tuple(tuple(c) for c in cur)))
+
+    keep = [_common_prefix(c, w) for c, w in zip(cur, want)]
+    extra = [tuple(c[k:]) for c, k in zip(cur, keep)]
+    added = [tuple(w[k:]) for w, k in zip(want, keep)]
+    moves = []
+    for src, moving in enumerate(extra):
+        dst = next((d for d, a in enumerate(added) if moving and a == moving and d != src
+                    and d not in {m[1] for m in moves}), None)
+        if dst is not None:
+            moves.append((src, dst))
+    sources = {src for src, _ in moves}
+    for d, axes in enumerate(extra):
+        if axes and d not in sources:
+            cur[d], extra[d] = cur[d][: keep[d]], ()
+            step("all_gather", axes=axes, dim=d)
+    for src, dst in moves:
+        moving = list(extra[src])
+        if cur[src][-len(moving):] == moving and cur[dst] == list(want[dst][: len(want[dst]) - len(moving)]):
+            cur[src], cur[dst] = cur[src][: -len(moving)], cur[dst] + moving
+            extra[src], added[dst] = (), ()
+            step("all_to_all", axes=tuple(moving), src_dim=src, dst_dim=dst)
+    for d, axes in enumerate(extra):
+        if axes:
+            cur[d] = cur[d][: len(cur[d]) - len(axes)]
+            step("all_gather", axes=axes, dim=d)
+    for d, axes in enumerate(added):
+        if axes:
+            cur[d] = cur[d] + list(axes)
+            step("all_slice", axes=axes, dim=d)
+    return steps
+
+
 def _common_prefix(a: list[str], b: tuple[str, ...]) -> int:
     k = 0
     while k < len(a) and k < len(b) and a[k] == b[k]:
@@ -234,25 +268,28 @@ def _common_prefix(a: list[str], b: tuple[str, ...]) -> int:
     return k
 
 
-def _flowing_partial(op: Op, states: list[_Local], wants: list[DimAxes]) -> tuple[str, ...]:
-    """The pending partial sum that may flow through `op` unreduced, or ()."""
-    partial = [s for s in states if s.partial]
+def flowing_partial(op: Op, partials: Sequence[tuple[str, ...]], combiners: Sequence[str],
+                    wants: Sequence[DimAxes]) -> tuple[str, ...]:
+    """The pending partial sum (axes, per operand: `partials`) that may flow
+    through `op` unreduced, or (). The caller checks that every partial
+    operand has this op as its only use."""
+    partial = [(p, c) for p, c in zip(partials, combiners) if p]
     if not partial:
         return ()
-    axes, combiner = partial[0].partial, partial[0].combiner
+    axes, combiner = partial[0]
     if combiner != "sum":
         return ()
-    for s, want in zip(states, wants):
-        if s.partial and any(a in axes for dim in want for a in dim):
+    for p, want in zip(partials, wants):
+        if p and any(a in axes for dim in want for a in dim):
             return ()  # the use shards a partial axis: reduce_scatter instead
     kind = op.kind
     if kind in LINEAR_UNARY or (kind == "reduce" and op.attrs["combiner"] == "sum"):
         return axes if kind != "convert" or op.result.type.dtype in ("f32", "bf16", "f16") else ()
     if kind in ("add", "sub"):
-        return axes if all(s.partial == axes for s in states) else ()
+        return axes if all(p == axes for p in partials) else ()
     if kind == "mul" and len(partial) == 1:
         return axes
-    if kind == "div" and states[0].partial and not states[1].partial:
+    if kind == "div" and partials[0] and not partials[1]:
         return axes
     return ()
 

@@ -30,7 +30,7 @@ def explain(spec: Spec) -> tuple[dict[str, Any], NDA]:
         "source": spec.source,
         "model": _model_summary(spec),
         "mesh": dict(spec.mesh),
-        "hardware": spec.hardware,
+        "hardware": spec.hardware_name,
         "program": {
             "ops": len(fn.ops),
             "values": sum(1 for _ in fn.values()),

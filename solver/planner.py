@@ -2,7 +2,8 @@
 `shardplan plan` and `shardplan lower`.
 
 build the program -> Named Dimension Analysis -> the schedule's plan (or a
-search backend's) -> factor sharding -> lowering -> collective counts.
+search backend's) -> factor sharding -> lowering -> collective counts and
+the cost model's assessment of the device-local program.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from costmodel.evaluate import Assessment, evaluate, ideal_step_time_s
 from ir import ops
 from ir.core import IRError
 from ir.lower import Lowered, LowerOptions, lower
@@ -34,6 +36,7 @@ class Planned:
     plan: Plan
     sharding: FactorSharding
     lowered: Lowered
+    assessment: Assessment
     seconds: dict[str, float]
 
 
@@ -62,7 +65,15 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     t0 = time.perf_counter()
     lowered = lower(model.function, nda, sharding, options or LowerOptions())
     seconds["lower"] = time.perf_counter() - t0
-    return Planned(spec, model, nda, plan, sharding, lowered, seconds)
+    t0 = time.perf_counter()
+    hardware = spec.hardware_obj()
+    assessment = Assessment(
+        cost=evaluate(lowered.function, hardware),
+        baseline=evaluate(model.function, hardware),
+        ideal_step_time_s=ideal_step_time_s(model.function, sharding.mesh.num_devices, hardware),
+    )
+    seconds["cost"] = time.perf_counter() - t0
+    return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds)
 
 
 def collective_counts(lowered: Lowered) -> dict[str, int]:
@@ -85,6 +96,7 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
         "mesh": dict(mesh.axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),
+        "cost": cost_report(planned.assessment, planned.spec.hardware_name),
         "local_program": {"ops": len(planned.lowered.function.ops)},
         "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
         "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
@@ -92,12 +104,65 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
     }
 
 
+def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
+    """The `cost` object of `shardplan plan --json` (schema in the README)."""
+    cost = assessment.cost
+    return {
+        "hardware": hardware,
+        "step_time_s": cost.step_time_s,
+        "compute_s": cost.compute_s,
+        "communication_s": cost.communication_s,
+        "communication_by_kind_s": {k: cost.seconds_by_kind.get(k, 0.0) for k in COLLECTIVE_KINDS[:4]},
+        "peak_memory_bytes": cost.peak_memory_bytes,
+        "capacity_bytes": cost.capacity_bytes,
+        "fits": cost.fits,
+        "flops_per_device": cost.flops,
+        "ideal_step_time_s": assessment.ideal_step_time_s,
+        "efficiency": assessment.efficiency,
+        "unpartitioned_step_time_s": assessment.baseline.step_time_s,
+        "unpartitioned_peak_memory_bytes": assessment.baseline.peak_memory_bytes,
+        "relative_cost": assessment.relative_cost,
+    }
+
+
+def _seconds(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns" if s else "0 s"
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def format_cost(cost: dict[str, Any]) -> list[str]:
+    """The cost table of the human-readable plan report."""
+    comm = ", ".join(f"{k} {_seconds(t)}" for k, t in cost["communication_by_kind_s"].items() if t) or "none"
+    fits = "fits" if cost["fits"] else "DOES NOT FIT"
+    return [
+        f"cost per device on {cost['hardware']}:",
+        f"  step time        {_seconds(cost['step_time_s'])}"
+        f" (unpartitioned on one device: {_seconds(cost['unpartitioned_step_time_s'])})",
+        f"  compute          {_seconds(cost['compute_s'])}",
+        f"  communication    {_seconds(cost['communication_s'])}: {comm}",
+        f"  peak memory      {_bytes(cost['peak_memory_bytes'])} of {_bytes(cost['capacity_bytes'])}: {fits}",
+        f"  ideal step time  {_seconds(cost['ideal_step_time_s'])}, efficiency {cost['efficiency']:.1%}",
+        f"  relative cost    {cost['relative_cost']:.4g} (TOAST: step time relative to unpartitioned,"
+        " plus the memory penalty)",
+    ]
+
+
 def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     """The human-readable plan report."""
     counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     lines = [f"{report['source']}: plan (solver {report['solver']}) on mesh {mesh}",
-             f"collectives: {counts}; local program: {report['local_program']['ops']} ops", "", "decisions:"]
+             f"collectives: {counts}; local program: {report['local_program']['ops']} ops", ""]
+    lines += format_cost(report["cost"]) + ["", "decisions:"]
     lines += [f"  {d['axis']:>8}: {d['what']}" for d in report["plan"]["decisions"]] or ["  none"]
     if report["plan"]["resolutions"]:
         lines.append("resolutions: " + ", ".join(f"class {k} -> {b}" for k, b in report["plan"]["resolutions"].items()))

@@ -12,13 +12,21 @@ misspelt key fails instead of being ignored:
       step: train               # train (default) | forward
       optimizer: adam           # adam (default) | sgd; only with step: train
     mesh: {batch: 4, model: 2}  # axis name -> size, major to minor
-    hardware: A100-80GB         # one of costmodel.hardware.PRESET_NAMES
+    hardware: A100-80GB         # one of costmodel.hardware.PRESET_NAMES, or:
+    # hardware:                 #   a preset with a link class per mesh axis
+    #   preset: H100-SXM        #   (axes not listed: the preset's default link)
+    #   links: {batch: infiniband, model: nvlink}
+    # hardware:                 #   inline figures (units required)
+    #   device: {name: my-chip, peak_flops: {f32: 50TFLOP/s, bf16: 400TFLOP/s},
+    #            memory: 64GiB, memory_bandwidth: 2TB/s}
+    #   links: {batch: {bandwidth: 25GB/s, latency: 10us}, model: {bandwidth: 300GB/s, latency: 1us}}
 
 `load_spec(path)` and `parse_spec(text, filename)` return a `Spec` or raise
 `SpecError` with one line naming the file and the field
 (`specs/x.yaml: model.builder: unknown model builder 'mlpp'; ...`), or the
 file, line and column of a YAML syntax error. `Spec.build()` traces the model
 (and its training step); its errors name the file and field too.
+`Spec.hardware_obj()` resolves the hardware against the mesh axes.
 """
 
 from __future__ import annotations
@@ -26,11 +34,14 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -40,7 +51,8 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.hardware import PRESET_NAMES
+from costmodel.hardware import PRESET_NAMES, Device, Hardware, Link, preset_hardware
+from costmodel.hardware import PRESETS as HARDWARE_PRESETS
 from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
@@ -168,6 +180,67 @@ class TacticSpec(_Strict):
         return Auto(tuple(self.auto.axes), self.auto.solver)
 
 
+def _link_choice(value: Any, info: ValidationInfo) -> Any:
+    """A link given by class name ("infiniband") becomes that link of the
+    preset; an inline mapping is left for Link to validate."""
+    if not isinstance(value, str):
+        return value
+    preset = info.data.get("preset")  # absent with an inline device, or when the preset name is wrong
+    if preset is None and info.data.get("device") is not None:
+        raise ValueError(f"link class {value!r} needs a preset; with an inline device give the figures, "
+                         "e.g. {bandwidth: 25GB/s, latency: 5us}")
+    if preset is None:
+        raise ValueError(f"link class {value!r} needs a valid preset, e.g. preset: H100-SXM")
+    links = HARDWARE_PRESETS[preset].links
+    if value not in links:
+        raise ValueError(f"unknown link class {value!r} for {preset}; valid link classes: {', '.join(links)}")
+    return links[value]
+
+
+class HardwareSpec(_Strict):
+    """`hardware:` as a mapping: a preset with links chosen per mesh axis, or
+    an inline device with a link for every mesh axis. Mesh axes are checked
+    by Spec, which knows the mesh."""
+
+    preset: str | None = None
+    device: Device | None = None
+    links: dict[str, Annotated[Link, BeforeValidator(_link_choice)]] = Field(default_factory=dict)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None:
+            _check_hardware_preset(name)
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HardwareSpec:
+        if self.preset is not None and self.device is not None:
+            raise ValueError("give either preset or device, not both")
+        if self.preset is None and self.device is None:
+            raise ValueError(f"missing preset or device: a preset ({', '.join(PRESET_NAMES)}) or an inline "
+                             "device {name, peak_flops, memory, memory_bandwidth}")
+        return self
+
+    @property
+    def name(self) -> str:
+        """The preset name, or the inline device's name."""
+        return self.preset if self.preset is not None else self.device.name
+
+    def resolve(self, axes: list[str]) -> Hardware:
+        """The hardware on a mesh with `axes` (all of them have a link when
+        the spec validated)."""
+        if self.preset is not None:
+            base = preset_hardware(self.preset, axes)
+            return Hardware(name=self.preset, device=base.device, links={**base.links, **self.links})
+        return Hardware(name=self.device.name, device=self.device, links={a: self.links[a] for a in axes})
+
+
+def _check_hardware_preset(name: str) -> None:
+    if name not in PRESET_NAMES:
+        raise ValueError(f"unknown hardware preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}")
+
+
 class Spec(_Strict):
     """A validated spec; `build()` traces its program, `mesh_obj()` its mesh."""
 
@@ -175,7 +248,7 @@ class Spec(_Strict):
     description: str | None = None
     model: ModelSpec
     mesh: dict[str, Annotated[int, Field(strict=True, gt=0)]]
-    hardware: str
+    hardware: str | HardwareSpec
     schedule: list[TacticSpec] = Field(default_factory=list)
     # The file the spec came from, for the messages of errors found in build().
     _source: str = PrivateAttr("<spec>")
@@ -190,12 +263,18 @@ class Spec(_Strict):
                 raise ValueError(f"mesh axis name {name!r} is not an identifier (letters, digits, '_')")
         return mesh
 
-    @field_validator("hardware")
+    @field_validator("hardware", mode="plain")
     @classmethod
-    def _known_hardware(cls, name: str) -> str:
-        if name not in PRESET_NAMES:
-            raise ValueError(f"unknown hardware preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}")
-        return name
+    def _hardware_form(cls, value: Any) -> str | HardwareSpec:
+        """Dispatch on the form, so an error names the form's own field
+        (a pydantic union would report what is wrong for both forms)."""
+        if isinstance(value, str):
+            _check_hardware_preset(value)
+            return value
+        if isinstance(value, (dict, HardwareSpec)):
+            return HardwareSpec.model_validate(value)  # its errors are reported under hardware.
+        raise ValueError(f"expected a hardware preset name ({', '.join(PRESET_NAMES)}) or a mapping with "
+                         f"preset or device, not {type(value).__name__}")
 
     @model_validator(mode="after")
     def _schedule_axes(self) -> Spec:
@@ -204,6 +283,33 @@ class Spec(_Strict):
                 if axis not in self.mesh:
                     raise ValueError(f"schedule.{i}: unknown mesh axis {axis!r}; mesh axes: {', '.join(self.mesh)}")
         return self
+
+    @model_validator(mode="after")
+    def _hardware_axes(self) -> Spec:
+        """Links name mesh axes; an inline device needs one for every axis."""
+        hardware = self.hardware
+        if isinstance(hardware, str):
+            return self
+        for axis in hardware.links:
+            if axis not in self.mesh:
+                raise ValueError(f"hardware.links.{axis}: not a mesh axis; mesh axes: {', '.join(self.mesh)}")
+        missing = [axis for axis in self.mesh if axis not in hardware.links]
+        if hardware.device is not None and missing:
+            raise ValueError(f"hardware.links: no link for mesh axis {', '.join(missing)}; an inline device needs "
+                             f"one per mesh axis, e.g. {{{missing[0]}: {{bandwidth: 25GB/s, latency: 5us}}}}")
+        return self
+
+    @property
+    def hardware_name(self) -> str:
+        """The hardware preset's name, or the inline device's name."""
+        return self.hardware if isinstance(self.hardware, str) else self.hardware.name
+
+    def hardware_obj(self) -> Hardware:
+        """The spec's hardware resolved against its mesh: one link per mesh
+        axis, in mesh order."""
+        if isinstance(self.hardware, str):
+            return preset_hardware(self.hardware, list(self.mesh))
+        return self.hardware.resolve(list(self.mesh))
 
     def tactics(self) -> list[Tactic]:
         """The schedule as tactics, in order."""
@@ -334,11 +440,32 @@ def _validation_message(filename: str, exc: ValidationError) -> str:
 
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
-    """The field names of the spec model found by following `loc` from Spec."""
-    model: type[BaseModel] = Spec
+    """The field names of the spec model found by following `loc` from Spec
+    through fields, list indices (schedule.0) and mapping keys (hardware.links.batch)."""
+    annotation: Any = Spec
     for part in loc:
-        model = model.model_fields[str(part)].annotation
-    return list(model.model_fields)
+        annotation = _unwrap(annotation)
+        if typing.get_origin(annotation) in (list, dict):
+            annotation = typing.get_args(annotation)[-1]  # the element: an index or a key was consumed
+        else:
+            annotation = _model_of(annotation).model_fields[str(part)].annotation
+    return list(_model_of(annotation).model_fields)
+
+
+def _unwrap(annotation: Any) -> Any:
+    """`annotation` without Annotated[...] metadata."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def _model_of(annotation: Any) -> type[BaseModel]:
+    """The spec model in `annotation`: itself, or the model member of a union (`ManualSpec | None`)."""
+    annotation = _unwrap(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next(m for m in map(_unwrap, typing.get_args(annotation))
+                    if isinstance(m, type) and issubclass(m, BaseModel))
+    return annotation
 
 
 def _one_line(text: str) -> str:

@@ -66,3 +66,18 @@ def test_malformed_spec_is_a_one_line_error_naming_the_field(capsys, tmp_path):
     code, out, err = shardplan(capsys, "explain", spec)
     assert code == cli.EXIT_INPUT_ERROR and out == ""
     assert err.count("\n") == 1 and f"{spec}: model.args:" in err and "hiden" in err
+
+
+def test_hardware_is_shown_by_name(capsys, tmp_path):
+    spec = tmp_path / "inline.yaml"
+    spec.write_text(
+        "model: {builder: mlp}\nmesh: {batch: 2}\nhardware:\n"
+        "  device: {name: my-chip, peak_flops: {f32: 50TFLOP/s}, memory: 64GiB, memory_bandwidth: 2TB/s}\n"
+        "  links: {batch: {bandwidth: 25GB/s, latency: 10us}}\n"
+    )
+    _, out, _ = shardplan(capsys, "explain", spec, "--json")
+    assert json.loads(out)["hardware"] == "my-chip"
+    _, out, _ = shardplan(capsys, "explain", spec)
+    assert out.splitlines()[0].endswith("mesh batch=2, my-chip")
+    _, out, _ = shardplan(capsys, "explain", ROOT / "specs" / "chinchilla_32l.yaml", "--json")
+    assert json.loads(out)["hardware"] == "A100-80GB"  # a preset with links per axis: the preset's name

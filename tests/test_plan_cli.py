@@ -22,6 +22,17 @@ def test_plan_json_on_every_bundled_spec(capsys, spec):
     assert report["plan"]["decisions"] and report["solver"] == "none"
     # One list of axes per dimension (a type's rank is its number of "x" separators).
     assert all(len(p["sharding"]) == p["type"].count("x") for p in report["params"])
+    cost = report["cost"]
+    assert cost["step_time_s"] == pytest.approx(cost["compute_s"] + cost["communication_s"])
+    assert cost["communication_s"] == pytest.approx(sum(cost["communication_by_kind_s"].values()))
+    assert cost["fits"] == (cost["peak_memory_bytes"] <= cost["capacity_bytes"])
+    assert cost["efficiency"] == pytest.approx(cost["ideal_step_time_s"] / cost["step_time_s"])
+    assert 0 < cost["ideal_step_time_s"] < cost["step_time_s"]
+    assert cost["relative_cost"] >= cost["step_time_s"] / cost["unpartitioned_step_time_s"] * (1 - 1e-12)
+    assert cost["peak_memory_bytes"] < cost["unpartitioned_peak_memory_bytes"]
+    if spec.stem in ("gemma_2b", "chinchilla_32l"):
+        # At full size partitioning must pay off; the toy specs are latency-bound and do not gain.
+        assert cost["step_time_s"] < cost["unpartitioned_step_time_s"] / 8
 
 
 @pytest.mark.parametrize("spec", ["mlp", "simplified_attention", "transformer"])
@@ -31,6 +42,20 @@ def test_lower_writes_a_verified_device_local_program(capsys, tmp_path, spec):
     assert code == 0 and out == ""
     fn = parse_file(str(out_file))  # parses and verifies
     assert fn.mesh
+
+
+def test_plan_cost_is_the_evaluation_of_the_lowered_program(capsys, tmp_path):
+    from costmodel.evaluate import evaluate
+    from solver.spec import load_spec
+
+    spec = ROOT / "specs" / "transformer.yaml"
+    _, out, _ = shardplan(capsys, "plan", spec, "--json")
+    cost = json.loads(out)["cost"]
+    shardplan(capsys, "lower", spec, "-o", tmp_path / "local.ir")
+    want = evaluate(parse_file(str(tmp_path / "local.ir")), load_spec(spec).hardware_obj())
+    assert cost["step_time_s"] == pytest.approx(want.step_time_s, rel=1e-12)
+    assert cost["peak_memory_bytes"] == want.peak_memory_bytes
+    assert cost["communication_by_kind_s"]["all_reduce"] == pytest.approx(want.seconds_by_kind["all_reduce"])
 
 
 def test_mlp_plan_counts(capsys):
@@ -49,6 +74,8 @@ def test_text_plan_report(capsys):
     assert code == 0
     assert "collectives: 1 all_reduce, 1 all_gather, 1 reduce_scatter" in out
     assert "resolutions: class 0 -> 1" in out
+    assert "cost per device on A100-80GB:" in out
+    assert "communication " in out and "peak memory " in out and ": fits" in out and "efficiency " in out
 
 
 def write_spec(tmp_path, schedule):

@@ -4,7 +4,7 @@ line naming the file and the field (or file:line:col for YAML syntax)."""
 import pytest
 from conftest import ROOT
 
-from costmodel.hardware import PRESET_NAMES
+from costmodel.hardware import PRESET_NAMES, PRESETS, Hardware
 from ir.core import Mesh
 from solver.spec import SpecError, load_spec, parse_spec
 
@@ -57,7 +57,9 @@ def test_bundled_spec_loads_and_builds(path):
     spec = load_spec(str(path))
     assert spec.name == path.stem
     assert spec.description
-    assert spec.hardware in PRESET_NAMES
+    assert spec.hardware_name in PRESET_NAMES
+    hardware = spec.hardware_obj()
+    assert isinstance(hardware, Hardware) and list(hardware.links) == list(spec.mesh)
     model = spec.build()
     assert model.function.results[0].type.shape == ()
     assert bool(model.state) == (spec.model.step == "train")
@@ -215,6 +217,141 @@ def test_mesh_axis_must_be_an_identifier(tmp_path):
 def test_unknown_hardware_lists_the_presets(tmp_path):
     _, message = load_error(tmp_path, MODEL + MESH + "hardware: H300\n")
     assert f": hardware: unknown hardware preset 'H300'; valid presets: {', '.join(PRESET_NAMES)}" in message
+
+
+# ------------------------------------------------------------ hardware: the three forms
+
+MESH2 = "mesh: {batch: 4, model: 2}\n"
+INLINE_DEVICE = "  device: {name: my-chip, peak_flops: {f32: 50TFLOP/s, bf16: 400TFLOP/s}, " \
+                "memory: 64GiB, memory_bandwidth: 2TB/s}\n"
+INLINE_LINKS = "  links: {batch: {bandwidth: 25GB/s, latency: 10us}, model: {bandwidth: 300GB/s, latency: 1us}}\n"
+
+
+def test_hardware_preset_name_puts_every_axis_on_the_default_link():
+    spec = parse_spec(MODEL + MESH2 + "hardware: H100-SXM\n")
+    assert spec.hardware == spec.hardware_name == "H100-SXM"
+    hw = spec.hardware_obj()
+    assert hw.name == "H100-SXM" and hw.device == PRESETS["H100-SXM"].device
+    assert {axis: link.kind for axis, link in hw.links.items()} == {"batch": "nvlink", "model": "nvlink"}
+
+
+def test_hardware_preset_with_links_per_axis():
+    spec = parse_spec(MODEL + "mesh: {pod: 2, batch: 4, model: 2}\nhardware:\n  preset: H100-SXM\n"
+                      "  links: {batch: infiniband, pod: {bandwidth: 5GB/s, latency: 20us}}\n")
+    assert spec.hardware_name == "H100-SXM"
+    hw = spec.hardware_obj()
+    assert list(hw.links) == ["pod", "batch", "model"]  # mesh order, not the order of links:
+    assert hw.links["batch"] == PRESETS["H100-SXM"].links["infiniband"]
+    assert hw.links["model"] == PRESETS["H100-SXM"].links["nvlink"]  # not listed: the default link
+    assert (hw.links["pod"].kind, hw.links["pod"].bandwidth, hw.links["pod"].latency) == ("custom", 5e9, 20e-6)
+    assert hw.link(["pod", "model"]).bandwidth == 5e9
+
+
+def test_hardware_inline_device_and_links():
+    spec = parse_spec(MODEL + MESH2 + "hardware:\n" + INLINE_DEVICE + INLINE_LINKS)
+    assert spec.hardware_name == "my-chip"
+    hw = spec.hardware_obj()
+    assert hw.name == "my-chip" and hw.capacity_bytes == 64 * 2**30
+    assert hw.device.peak("bf16") == 400e12 and hw.device.memory_bandwidth == 2e12
+    assert hw.links["batch"].bandwidth == 25e9 and hw.links["batch"].latency == 10e-6
+    assert hw.links["model"].bandwidth == 300e9 and hw.links["model"].latency == 1e-6
+    assert hw.link(["batch", "model"]).bandwidth == 25e9
+
+
+def test_hardware_inline_device_with_a_preset_is_not_mixed():
+    """An inline device's links are all inline: link classes belong to presets."""
+    _, message = load_error_text(MODEL + MESH2 + "hardware:\n" + INLINE_DEVICE
+                                 + "  links: {batch: infiniband, model: {bandwidth: 1GB/s, latency: 1us}}\n")
+    assert ": hardware.links.batch: link class 'infiniband' needs a preset; with an inline device give the figures" \
+        in message
+
+
+def load_error_text(text: str) -> tuple[None, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "x.yaml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("x.yaml: ")
+    return None, message
+
+
+@pytest.mark.parametrize("hardware, expected", [
+    ("{preset: H300}", f"hardware.preset: unknown hardware preset 'H300'; valid presets: {', '.join(PRESET_NAMES)}"),
+    ("{preset: H100-SXM, links: {batch: nvlnk}}",
+     "hardware.links.batch: unknown link class 'nvlnk' for H100-SXM; valid link classes: nvlink, pcie, infiniband, "
+     "ethernet"),
+    ("{preset: TPUv4, links: {batch: nvlink}}",
+     "hardware.links.batch: unknown link class 'nvlink' for TPUv4; valid link classes: ici, dcn"),
+    ("{preset: H100-SXM, links: {pipe: nvlink}}", "hardware.links.pipe: not a mesh axis; mesh axes: batch, model"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: 0GB/s, latency: 5us}}}",
+     "hardware.links.batch.bandwidth: must be positive, got '0GB/s'"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: -3GB/s, latency: 5us}}}",
+     "hardware.links.batch.bandwidth: must be positive"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: 25GB, latency: 5us}}}",
+     "hardware.links.batch.bandwidth: '25GB' is a size (B), not a bandwidth (B/s); e.g. '600GB/s'"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: 25, latency: 5us}}}",
+     "hardware.links.batch.bandwidth: missing unit, e.g. '600GB/s'"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: 25GB/s, latency: 5}}}",
+     "hardware.links.batch.latency: missing unit, e.g. '5us'"),
+    ("{preset: H100-SXM, links: {batch: {bandwidth: 25GB/s}}}", "hardware.links.batch.latency: Field required"),
+    ("{preset: H100-SXM, links: {batch: {bandwith: 25GB/s, latency: 5us}}}",
+     "hardware.links.batch.bandwith: unknown key; valid keys: kind, bandwidth, latency (and 1 more)"),
+    ("{name: H100-SXM}", "hardware.name: unknown key; valid keys: preset, device, links"),
+    ("{links: {}}", "hardware: missing preset or device: a preset (A100-40GB,"),
+    ("{links: {batch: nvlink}}", "hardware.links.batch: link class 'nvlink' needs a valid preset, e.g. preset: H100"),
+    ("3", "hardware: expected a hardware preset name (A100-40GB,"),
+    ("[H100-SXM]", f"hardware: expected a hardware preset name ({', '.join(PRESET_NAMES)}) or a mapping with "
+                   "preset or device, not list"),
+])
+def test_hardware_errors_name_the_field(hardware, expected):
+    _, message = load_error_text(MODEL + MESH2 + f"hardware: {hardware}\n")
+    assert f"x.yaml: {expected}" in message
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("{name: c, peak_flops: {f32: 5TFLOP/s}, memory: 64, memory_bandwidth: 2TB/s}",
+     "hardware.device.memory: missing unit, e.g. '40GiB'"),
+    ("{name: c, peak_flops: {f32: 5TFLOP/s}, memory: 64GB/s, memory_bandwidth: 2TB/s}",
+     "hardware.device.memory: '64GB/s' is a bandwidth (B/s), not a size (B)"),
+    ("{name: c, peak_flops: {f32: 5TFLOP/s}, memory: 64GiB, memory_bandwidth: 2TB}",
+     "hardware.device.memory_bandwidth: '2TB' is a size (B), not a bandwidth (B/s)"),
+    ("{name: c, peak_flops: {f32: 5TB/s}, memory: 64GiB, memory_bandwidth: 2TB/s}",
+     "hardware.device.peak_flops.f32: '5TB/s' is a bandwidth (B/s), not a compute rate (FLOP/s)"),
+    ("{name: c, peak_flops: {bf16: 5TFLOP/s}, memory: 64GiB, memory_bandwidth: 2TB/s}",
+     "hardware.device.peak_flops: needs an f32 figure"),
+    ("{name: c, peak_flops: {f32: 5TFLOP/s, bfloat16: 9TFLOP/s}, memory: 64GiB, memory_bandwidth: 2TB/s}",
+     "hardware.device.peak_flops: unknown dtype name 'bfloat16'"),
+    ("{name: c, peak_flops: {f32: 5TFLOP/s}, memory: 64GiB, memory_bandwidth: 2TB/s, hbm: 3GiB}",
+     "hardware.device.hbm: unknown key; valid keys: name, peak_flops, memory, memory_bandwidth, source"),
+    ("{name: c, memory: 64GiB, memory_bandwidth: 2TB/s}", "hardware.device.peak_flops: Field required"),
+])
+def test_inline_device_errors_name_the_field(device, expected):
+    _, message = load_error_text(MODEL + MESH2 + f"hardware:\n  device: {device}\n" + INLINE_LINKS)
+    assert f"x.yaml: {expected}" in message
+
+
+def test_inline_device_needs_a_link_for_every_mesh_axis():
+    _, message = load_error_text(MODEL + MESH2 + "hardware:\n" + INLINE_DEVICE
+                                 + "  links: {batch: {bandwidth: 25GB/s, latency: 10us}}\n")
+    assert message == ("x.yaml: hardware.links: no link for mesh axis model; an inline device needs one per mesh "
+                       "axis, e.g. {model: {bandwidth: 25GB/s, latency: 5us}}")
+
+
+def test_inline_device_links_must_be_mesh_axes():
+    _, message = load_error_text(MODEL + MESH2 + "hardware:\n" + INLINE_DEVICE + INLINE_LINKS[:-2]
+                                 + ", seq: {bandwidth: 1GB/s, latency: 1us}}\n")
+    assert "x.yaml: hardware.links.seq: not a mesh axis; mesh axes: batch, model" in message
+
+
+def test_preset_and_device_together(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH2 + "hardware:\n  preset: H200\n" + INLINE_DEVICE + INLINE_LINKS)
+    assert message.endswith(": hardware: give either preset or device, not both")
+
+
+def test_unknown_key_inside_a_schedule_entry(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manual: {axis: batch, valus: {x: 0}}\n")
+    assert ": schedule.0.manual.valus: unknown key; valid keys: axis, values" in message
+    _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manul: {axis: batch}\n")
+    assert ": schedule.0.manul: unknown key; valid keys: manual, replicate, resolve, auto" in message
 
 
 # ------------------------------------------------------------ errors: file

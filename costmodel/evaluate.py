@@ -1,0 +1,186 @@
+"""The cost of a device-local program: step time and peak memory per device.
+
+Every device runs the same program (SPMD), so one walk gives the step time:
+
+  - a local op takes its roofline time, max(flops / peak flop/s of its dtype,
+    bytes accessed / HBM bandwidth), from the op kind's registered cost;
+  - a collective over axes of n devices takes its ring time on the slowest
+    link of those axes, with `f = (n - 1) / n`:
+        all_reduce       2 f * bytes / bandwidth + 2 (n - 1) * latency
+        all_gather       f * result bytes / bandwidth + (n - 1) * latency
+        reduce_scatter   f * operand bytes / bandwidth + (n - 1) * latency
+        all_to_all       f * bytes / bandwidth + (n - 1) * latency
+    (`all_slice` moves nothing between devices: it is a local copy and is
+    costed as one);
+  - the step time is the sum (no overlap of compute and communication).
+
+Peak memory: values live from the op that defines them to their last use;
+parameters (weights, optimizer state, inputs) and results live throughout.
+The peak is the largest sum over the program's ops.
+
+The TOAST objective compares a plan with the unpartitioned program:
+C(s) = RT(s) + MP(s), RT the step time relative to the unpartitioned one,
+MP = penalty * (peak - capacity) / unpartitioned peak when over capacity.
+
+`step_time_terms` is the one place the formulas live: the evaluation here and
+the tabulated form (`costmodel.table`) both call it, which is what makes the
+table's sum equal this evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from costmodel.hardware import Hardware
+from ir import ops
+from ir.core import Attrs, Function, Mesh, TensorType
+
+COMMUNICATION = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+MEMORY_PENALTY = 10.0
+
+
+def roofline_s(flops: int, nbytes: int, dtype: str, hardware: Hardware) -> float:
+    device = hardware.device
+    return max(flops / device.peak(dtype), nbytes / device.memory_bandwidth)
+
+
+def collective_s(kind: str, axes: Sequence[str], operand: TensorType, result: TensorType,
+                 mesh: Mesh, hardware: Hardware) -> float:
+    """Ring time of one collective over `axes` (see the module docstring)."""
+    n = mesh.group_size(axes)
+    if n == 1:
+        return 0.0
+    link = hardware.link(axes)
+    f, hops = (n - 1) / n, n - 1
+    if kind == "all_reduce":
+        return 2 * f * operand.num_bytes / link.bandwidth + 2 * hops * link.latency
+    if kind == "all_gather":
+        return f * result.num_bytes / link.bandwidth + hops * link.latency
+    if kind in ("reduce_scatter", "all_to_all"):
+        return f * operand.num_bytes / link.bandwidth + hops * link.latency
+    raise ValueError(f"not a communicating collective: {kind}")
+
+
+def op_time_s(kind: str, attrs: Attrs, operands: Sequence[TensorType], results: Sequence[TensorType],
+              mesh: Mesh, hardware: Hardware) -> float:
+    """The time of one op of a device-local program."""
+    if kind in COMMUNICATION:
+        return collective_s(kind, attrs["axes"], operands[0], results[0], mesh, hardware)
+    cost = ops.get(kind).cost(tuple(operands), tuple(results), attrs)
+    dtype = operands[0].dtype if operands else results[0].dtype
+    return roofline_s(cost.flops, cost.bytes, dtype, hardware)
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """The cost of one device-local program on one device."""
+
+    step_time_s: float
+    compute_s: float
+    communication_s: float
+    peak_memory_bytes: int
+    capacity_bytes: float
+    flops: int  # per device
+    seconds_by_kind: Mapping[str, float] = field(default_factory=dict)  # op kind -> seconds, collectives included
+    collective_counts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.capacity_bytes
+
+
+def make_cost(seconds_by_kind: Mapping[str, float], peak_memory_bytes: int, flops: int,
+              collective_counts: Mapping[str, int], hardware: Hardware) -> Cost:
+    """Assemble a Cost from per-kind times (summed in kind order, so every
+    producer of the same per-kind figures gets the same totals)."""
+    by_kind = {k: seconds_by_kind[k] for k in sorted(seconds_by_kind)}
+    communication = sum(t for k, t in by_kind.items() if k in COMMUNICATION)
+    compute = sum(t for k, t in by_kind.items() if k not in COMMUNICATION)
+    counts = {k: collective_counts.get(k, 0) for k in COMMUNICATION}
+    return Cost(compute + communication, compute, communication, int(peak_memory_bytes),
+                hardware.capacity_bytes, int(flops), by_kind, counts)
+
+
+def peak_memory_bytes(fn: Function) -> int:
+    """Largest live bytes over the program (see the module docstring)."""
+    n = len(fn.ops)
+    last: dict = {}
+    for i, op in enumerate(fn.ops):
+        for v in op.operands:
+            last[v] = i
+    for r in fn.results:
+        last[r] = n
+    resident = sum(p.type.num_bytes for p in fn.params)
+    delta = [0] * (n + 2)
+    for i, op in enumerate(fn.ops):
+        for r in op.results:
+            nbytes = r.type.num_bytes
+            delta[i] += nbytes
+            delta[max(last.get(r, i), i) + 1] -= nbytes
+    peak = live = resident
+    for i in range(n):
+        live += delta[i]
+        peak = max(peak, live)
+    return peak
+
+
+def evaluate(fn: Function, hardware: Hardware) -> Cost:
+    """Step time and peak memory of a device-local program (or of a global
+    program on one device)."""
+    by_kind: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    flops = 0
+    mesh = fn.mesh
+    for op in fn.ops:
+        operands = [v.type for v in op.operands]
+        results = [v.type for v in op.results]
+        by_kind[op.kind] += op_time_s(op.kind, op.attrs, operands, results, mesh, hardware)
+        if op.kind in COMMUNICATION:
+            counts[op.kind] += 1
+        else:
+            flops += ops.get(op.kind).cost(tuple(operands), tuple(results), op.attrs).flops
+    return make_cost(by_kind, peak_memory_bytes(fn), flops, counts, hardware)
+
+
+def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:
+    """The lower bound: the global program's flops spread evenly over the
+    devices, each at its peak for the op's dtype."""
+    total = 0.0
+    for op in fn.ops:
+        if op.kind in COMMUNICATION:
+            continue
+        cost = ops.op_cost(op)
+        dtype = op.operands[0].type.dtype if op.operands else op.results[0].type.dtype
+        total += cost.flops / hardware.device.peak(dtype)
+    return total / devices
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """A plan's cost next to the unpartitioned program's: what reports show
+    and what the search backends minimize (`relative_cost`)."""
+
+    cost: Cost
+    baseline: Cost  # the unpartitioned program on one device
+    ideal_step_time_s: float
+    memory_penalty: float = MEMORY_PENALTY
+
+    @property
+    def efficiency(self) -> float:
+        return self.ideal_step_time_s / self.cost.step_time_s if self.cost.step_time_s else 1.0
+
+    @property
+    def relative_runtime(self) -> float:
+        return self.cost.step_time_s / self.baseline.step_time_s if self.baseline.step_time_s else 0.0
+
+    @property
+    def memory_overflow(self) -> float:
+        over = self.cost.peak_memory_bytes - self.cost.capacity_bytes
+        return self.memory_penalty * over / self.baseline.peak_memory_bytes if over > 0 else 0.0
+
+    @property
+    def relative_cost(self) -> float:
+        """TOAST's C(s) = RT(s) + MP(s)."""
+        return self.relative_runtime + self.memory_overflow

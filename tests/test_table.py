@@ -1,0 +1,124 @@
+"""The tabulated cost model's contract: for any plan, the table's evaluation
+equals the evaluation of the lowered device-local program (the CP-SAT and
+MCTS backends rely on it)."""
+
+import random
+
+import numpy as np
+import pytest
+
+from costmodel.evaluate import evaluate
+from costmodel.hardware import Device, Hardware, Link, preset_hardware
+from costmodel.table import CostTable
+from ir.autodiff import training_step
+from ir.core import IRError, Mesh
+from ir.lower import lower
+from ir.models import build
+from ir.nda import analyze
+from ir.sharding import Decision, materialize
+
+SMALL = dict(layers=2, d_model=8, heads=2, head_dim=4, mlp_hidden=12, vocab=10, seq=4, batch=4)
+
+MODELS = {
+    "mlp": lambda: build("mlp"),
+    "mlp-train": lambda: training_step(build("mlp")),
+    "deep_mlp-train": lambda: training_step(build("deep_mlp")),
+    "simplified_attention": lambda: build("simplified_attention"),
+    "attention-train": lambda: training_step(build("attention")),
+    "transformer-train": lambda: training_step(build("transformer", **SMALL)),
+    "transformer-mqa-layernorm-gated-tied": lambda: training_step(build(
+        "transformer", **SMALL, kv_heads=1, norm="layer", gated_mlp=True, tied_embeddings=True)),
+}
+MESHES = {
+    "2x2": Mesh.of(batch=2, model=2),
+    "2x2x2": Mesh.of(data=2, model=2, seq=2),
+}
+
+
+def hardware_for(mesh: Mesh) -> Hardware:
+    """Different links per axis, so a collective's axes matter to its time."""
+    hw = preset_hardware("A100-80GB", mesh.names)
+    links = dict(hw.links)
+    links[mesh.names[0]] = Link(kind="infiniband", bandwidth="25GB/s", latency="5us")
+    return Hardware(name="test", device=hw.device, links=links)
+
+
+def random_sharding(nda, mesh: Mesh, rng: random.Random):
+    """What a search backend may produce: a few (color, axis) decisions in
+    random order and random resolution bits."""
+    decisions = [Decision(rng.choice(mesh.names), rng.randrange(nda.num_colors)) for _ in range(rng.randint(1, 6))]
+    resolutions = {c: rng.randint(0, 1) for c in range(len(nda.resolution_classes))}
+    return materialize(nda, mesh, decisions, resolutions)
+
+
+def assert_same_cost(got, want):
+    assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-12)
+    assert got.compute_s == pytest.approx(want.compute_s, rel=1e-12)
+    assert got.communication_s == pytest.approx(want.communication_s, rel=1e-12, abs=1e-18)
+    assert got.peak_memory_bytes == want.peak_memory_bytes
+    assert got.flops == want.flops
+    assert dict(got.collective_counts) == dict(want.collective_counts)
+    assert got.seconds_by_kind.keys() == want.seconds_by_kind.keys()
+    for kind, seconds in want.seconds_by_kind.items():
+        assert got.seconds_by_kind[kind] == pytest.approx(seconds, rel=1e-12), kind
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+@pytest.mark.parametrize("model_name", MODELS)
+def test_table_equals_evaluation_of_the_lowered_program(model_name, mesh_name):
+    model, mesh = MODELS[model_name](), MESHES[mesh_name]
+    hardware = hardware_for(mesh)
+    nda = analyze(model.function, model.params)
+    table = CostTable(model.function, nda, mesh, hardware)
+    rng = random.Random(f"{model_name}/{mesh_name}")
+    communicating = 0
+    for _ in range(12):
+        sharding = random_sharding(nda, mesh, rng)
+        want = evaluate(lower(model.function, nda, sharding).function, hardware)
+        assert_same_cost(table.evaluate(sharding), want)
+        communicating += want.communication_s > 0
+    assert communicating  # the plans exercise collectives, not only local compute
+
+
+def test_table_is_independent_of_evaluation_order():
+    """The memo is an optimization only: a plan costs the same whatever was evaluated before it."""
+    model, mesh = training_step(build("transformer", **SMALL)), MESHES["2x2"]
+    nda = analyze(model.function, model.params)
+    rng = random.Random(7)
+    shardings = [random_sharding(nda, mesh, rng) for _ in range(5)]
+    forward = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    backward = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    costs = [forward.evaluate(s) for s in shardings]
+    assert [backward.evaluate(s) for s in reversed(shardings)][::-1] == costs
+
+
+def test_unsharded_plan_costs_the_global_program():
+    model = training_step(build("mlp"))
+    mesh = MESHES["2x2"]
+    nda = analyze(model.function, model.params)
+    hardware = hardware_for(mesh)
+    table = CostTable(model.function, nda, mesh, hardware)
+    cost = table.evaluate(np.zeros(len(nda.iclasses), dtype=np.int64))
+    assert_same_cost(cost, evaluate(model.function, hardware))
+    assert cost.communication_s == 0
+
+
+def test_codes_round_trip_and_shape_is_checked():
+    model = build("mlp")
+    mesh = MESHES["2x2"]
+    nda = analyze(model.function, model.params)
+    table = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    sharding = random_sharding(nda, mesh, random.Random(1))
+    assert table.sharding(table.codes(sharding)) == sharding
+    with pytest.raises(IRError, match="I-class codes"):
+        table.evaluate(np.zeros(3, dtype=np.int64))
+
+
+def test_table_rejects_a_foreign_nda():
+    a, b = build("mlp"), build("mlp")
+    mesh = MESHES["2x2"]
+    device = Device(name="d", peak_flops={"f32": "1TFLOP/s"}, memory="1GiB", memory_bandwidth="100GB/s")
+    link = Link(bandwidth="10GB/s", latency="1us")
+    hardware = Hardware(name="d", device=device, links={"batch": link, "model": link})
+    with pytest.raises(IRError, match="different function"):
+        CostTable(a.function, analyze(b.function, b.params), mesh, hardware)
