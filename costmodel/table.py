@@ -419,14 +419,15 @@ class _Run:
         lasts = np.where(t.last_user[t.num_params:] >= 0, op_pos[np.maximum(t.last_user[t.num_params:], 0)], op_pos)
         lasts = np.where(t.is_result[t.num_params:], end - 1, lasts)
         spans = _Spans()
+        position = op_pos.tolist()
         chain_at: dict[int, tuple[int, _Chain]] = {}  # edge -> (position of its first step, chain)
         for i in sorted(self.chains):
-            pos = int(op_pos[i] - emitted[i])
+            pos = position[i] - int(emitted[i])
             for c in self.chains[i]:
                 chain_at[c.edge] = (pos, c)
-                spans.temporaries(pos, c, int(op_pos[i]))
+                spans.temporaries(pos, c, position[i])
                 pos += len(c.priced.kinds)
-        pos = int(op_pos[-1]) + 1 if n else 0
+        pos = position[-1] + 1 if n else 0
         end_at = {}
         for c in self.end_chains:
             end_at[c.value] = pos
@@ -434,7 +435,7 @@ class _Run:
             pos += len(c.priced.kinds)
         touched = {c.value for chains in self.chains.values() for c in chains} | set(self.reduced)
         for v in sorted(touched):
-            own_last, reduced = self._reads(v, op_pos, chain_at, end_at)
+            own_last, reduced = self._reads(v, position, chain_at, end_at)
             if reduced is not None:
                 at, last, size = reduced
                 spans.add(at, end - 1 if t.is_result[v] else last, size)
@@ -442,26 +443,26 @@ class _Run:
                 own_last = end - 1
             if v >= t.num_params:
                 row = v - t.num_params
-                lasts[row] = max(own_last, int(op_pos[row]))
+                lasts[row] = max(own_last, position[row])
         resident = int(self.value_bytes[: t.num_params].sum())
         return resident + spans.peak(op_pos, lasts, self.value_bytes[t.num_params:], end)
 
-    def _reads(self, v: int, op_pos: np.ndarray, chain_at: dict, end_at: dict):
+    def _reads(self, v: int, position: list[int], chain_at: dict, end_at: dict):
         """Last read of value v's own local value and, if v is a reduced
         partial sum, (definition, last read, bytes) of its reduced value."""
         t = self.t
         reducing = self.reduced[v][1] if v in self.reduced else None
         own_last, reduced_at, reduced_last, reduced_size = -1, -1, -1, 0
         for e in t.edges_of[v]:
-            i = int(t.edge_op[e])
-            start, c = chain_at.get(e, (int(op_pos[i]), None))
+            i = t.edge_op_of[e]
+            start, c = chain_at.get(e, (position[i], None))
             if reducing is not None and 0 <= reducing < e:
                 reduced_last = max(reduced_last, start)  # a later use reads the reduced value
             elif e == reducing:
                 own_last = max(own_last, start)
                 k = c.reduce_count
                 reduced_at, reduced_size = start + k - 1, c.priced.result_bytes[k - 1]
-                reduced_last = max(reduced_last, start + k if k < len(c.priced.kinds) else int(op_pos[i]))
+                reduced_last = max(reduced_last, start + k if k < len(c.priced.kinds) else position[i])
             else:
                 own_last = max(own_last, start)
         if reducing == -1:
