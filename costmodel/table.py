@@ -100,9 +100,11 @@ class CostTable:
         self.first_user = [us[0] if us else -1 for us in self.users]
         self.use_count_of = self.use_count.tolist()
         self.op_signature_of = self.op_signature.tolist()
-        # Users a partial sum can flow through; at any other user it is reduced (found by `communication`).
+        # The user a partial sum can flow through: its only use, of a kind that may carry it. At any
+        # other user (or with several uses) it is reduced, which `communication` finds.
         self.can_flow = [op.kind in FLOWING_KINDS for op in fn.ops]
-        self.flow_users = [[u for u in us if self.can_flow[u]] for us in self.users]
+        self.flow_users = [us if len(us) == 1 and count == 1 and self.can_flow[us[0]] else []
+                           for us, count in zip(self.users, self.use_count_of)]
         types: dict[TensorType, int] = {}
         self.type_id_of = [types.setdefault(v.type, len(types)) for v in self.values]
         if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
@@ -306,18 +308,19 @@ class _Run:
         heap = np.flatnonzero(own).tolist()
         queued = set(heap)
         own = own.tolist()
+        can_flow, flow_users, combiner_of, first = t.can_flow, t.flow_users, t.op_combiner, t.num_params
         while heap:
             i = heapq.heappop(heap)
-            flowing = self._flowing(i) if t.can_flow[i] else 0
-            if flowing and own[i] and t.op_combiner[i] != "sum":
+            flowing = self._flowing(i) if can_flow[i] else 0
+            if flowing and own[i] and combiner_of[i] != "sum":
                 raise LoweringError(f"{t.fn.ops[i].describe()}: cannot combine a flowing sum with a "
-                                    f"{t.op_combiner[i]} reduction")
+                                    f"{combiner_of[i]} reduction")
             mask = flowing | own[i]
             if mask:
-                vid = t.num_params + i
+                vid = first + i
                 self.partial[vid] = mask
-                self.combiner[vid] = t.op_combiner[i] if own[i] else "sum"
-                for user in t.flow_users[vid]:
+                self.combiner[vid] = combiner_of[i] if own[i] else "sum"
+                for user in flow_users[vid]:
                     if user not in queued:
                         queued.add(user)
                         heapq.heappush(heap, user)
@@ -356,6 +359,7 @@ class _Run:
         def_key, want_key = def_key.tolist(), want_key.tolist()
         self.chains: dict[int, list[_Chain]] = defaultdict(list)  # op -> its operands' chains, in order
         self.reduced: dict[int, tuple[int, int]] = {}  # vid -> (packed dims once reduced, reducing edge or -1)
+        uses: dict[int, list] = {}  # id of a priced chain -> [the chain, how many uses it serves]
         for e in active:
             v, i = t.edge_vid_of[e], t.edge_op_of[e]
             if v in self.reduced:
@@ -368,15 +372,18 @@ class _Run:
             if mask:
                 self.reduced[v] = (chain.reduced, e)
             if chain.priced.kinds:
-                self._tally(chain.priced, by_kind)
+                entry = uses.setdefault(id(chain.priced), [chain.priced, 0])
+                entry[1] += 1
                 self.chains[i].append(_Chain(e, v, chain.priced, chain.reduce_count))
+        for priced, count in uses.values():
+            self._tally(priced, count, by_kind)
         self.end_chains: list[_Chain] = []  # partial results reduced after the last op
         for v in t.result_vids:
             if v in self.partial and v not in self.reduced:
                 state = def_key[v]
                 chain = self._chain(v, state, self.partial[v], self.combiner[v], state)
                 self.reduced[v] = (chain.reduced, -1)
-                self._tally(chain.priced, by_kind)
+                self._tally(chain.priced, 1, by_kind)
                 self.end_chains.append(_Chain(-1, v, chain.priced, chain.reduce_count))
 
     def _chain(self, v: int, state: int, mask: int, combiner: str, want: int) -> _Resharding:
@@ -396,11 +403,12 @@ class _Run:
             chain = t._chain_memo[key] = _Resharding(t.price_chain(ty, dims, steps), reduce_count, t.pack_dims(after))
         return chain
 
-    def _tally(self, priced: _ChainCost, by_kind: Counter[str]) -> None:
+    def _tally(self, priced: _ChainCost, count: int, by_kind: Counter[str]) -> None:
+        """Add `count` uses' worth of a priced chain to the totals."""
         for kind, seconds in zip(priced.kinds, priced.seconds):
-            by_kind[kind] += seconds
+            by_kind[kind] += seconds * count
             if kind in COMMUNICATION:
-                self.counts[kind] += 1
+                self.counts[kind] += count
 
     # ------------------------------------------------------------ memory
 
