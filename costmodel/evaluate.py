@@ -22,7 +22,7 @@ The TOAST objective compares a plan with the unpartitioned program:
 C(s) = RT(s) + MP(s), RT the step time relative to the unpartitioned one,
 MP = penalty * (peak - capacity) / unpartitioned peak when over capacity.
 
-`step_time_terms` is the one place the formulas live: the evaluation here and
+`op_time_s` is the one place the formulas live: the evaluation here and
 the tabulated form (`costmodel.table`) both call it, which is what makes the
 table's sum equal this evaluation.
 """
@@ -63,14 +63,20 @@ def collective_s(kind: str, axes: Sequence[str], operand: TensorType, result: Te
     raise ValueError(f"not a communicating collective: {kind}")
 
 
+def compute_dtype(operands: Sequence[TensorType], results: Sequence[TensorType]) -> str:
+    """The dtype whose peak an op runs at: its first operand's (a comparison
+    computes in its inputs' dtype, not in its bool result's)."""
+    return operands[0].dtype if operands else results[0].dtype
+
+
 def op_time_s(kind: str, attrs: Attrs, operands: Sequence[TensorType], results: Sequence[TensorType],
-              mesh: Mesh, hardware: Hardware) -> float:
-    """The time of one op of a device-local program."""
+              mesh: Mesh, hardware: Hardware) -> tuple[float, int]:
+    """The time of one op of a device-local program, and its flops (0 for a
+    communicating collective: its combining is not counted as compute)."""
     if kind in COMMUNICATION:
-        return collective_s(kind, attrs["axes"], operands[0], results[0], mesh, hardware)
+        return collective_s(kind, attrs["axes"], operands[0], results[0], mesh, hardware), 0
     cost = ops.get(kind).cost(tuple(operands), tuple(results), attrs)
-    dtype = operands[0].dtype if operands else results[0].dtype
-    return roofline_s(cost.flops, cost.bytes, dtype, hardware)
+    return roofline_s(cost.flops, cost.bytes, compute_dtype(operands, results), hardware), cost.flops
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +142,11 @@ def evaluate(fn: Function, hardware: Hardware) -> Cost:
     for op in fn.ops:
         operands = [v.type for v in op.operands]
         results = [v.type for v in op.results]
-        by_kind[op.kind] += op_time_s(op.kind, op.attrs, operands, results, mesh, hardware)
+        seconds, op_flops = op_time_s(op.kind, op.attrs, operands, results, mesh, hardware)
+        by_kind[op.kind] += seconds
+        flops += op_flops
         if op.kind in COMMUNICATION:
             counts[op.kind] += 1
-        else:
-            flops += ops.get(op.kind).cost(tuple(operands), tuple(results), op.attrs).flops
     return make_cost(by_kind, peak_memory_bytes(fn), flops, counts, hardware)
 
 
@@ -151,9 +157,8 @@ def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:
     for op in fn.ops:
         if op.kind in COMMUNICATION:
             continue
-        cost = ops.op_cost(op)
-        dtype = op.operands[0].type.dtype if op.operands else op.results[0].type.dtype
-        total += cost.flops / hardware.device.peak(dtype)
+        dtype = compute_dtype([v.type for v in op.operands], [v.type for v in op.results])
+        total += ops.op_cost(op).flops / hardware.device.peak(dtype)
     return total / devices
 
 

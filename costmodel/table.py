@@ -270,8 +270,8 @@ class CostTable:
         result = local_type(op.results[0].type, self.def_dims(self.num_params + i, codes), self.mesh)
         opdef = ops.get(op.kind)
         attrs = opdef.localize(op.attrs, operands, (result,))
-        seconds = op_time_s(op.kind, attrs, operands, (result,), self.mesh, self.hardware)
-        return seconds, op.kind, opdef.cost(operands, (result,), attrs).flops
+        seconds, flops = op_time_s(op.kind, attrs, operands, (result,), self.mesh, self.hardware)
+        return seconds, op.kind, flops
 
     def price_chain(self, ty: TensorType, dims: DimAxes, steps: Sequence[Step]) -> _ChainCost:
         """Time and result bytes of each collective of a resharding of a value of type `ty`."""
@@ -280,7 +280,7 @@ class CostTable:
         for step in steps:
             after = local_type(ty, step.dims, self.mesh)
             attrs = ops.normalize_attrs(step.kind, dict(step.attrs))
-            t = op_time_s(step.kind, attrs, (before,), (after,), self.mesh, self.hardware)
+            t, _ = op_time_s(step.kind, attrs, (before,), (after,), self.mesh, self.hardware)
             kinds.append(step.kind)
             seconds.append(t)
             sizes.append(after.num_bytes)
@@ -436,9 +436,9 @@ class _Run:
                 spans.temporaries(pos, c, position[i])
                 pos += len(c.priced.kinds)
         pos = position[-1] + 1 if n else 0
-        end_at = {}
+        end_at: dict[int, tuple[int, _Chain]] = {}  # vid -> (position of its first step, chain)
         for c in self.end_chains:
-            end_at[c.value] = pos
+            end_at[c.value] = (pos, c)
             spans.temporaries(pos, c, end - 1)
             pos += len(c.priced.kinds)
         touched = {c.value for chains in self.chains.values() for c in chains} | set(self.reduced)
@@ -474,8 +474,7 @@ class _Run:
             else:
                 own_last = max(own_last, start)
         if reducing == -1:
-            c = next(c for c in self.end_chains if c.value == v)
-            start = end_at[v]
+            start, c = end_at[v]
             own_last = max(own_last, start)
             reduced_at = start + c.reduce_count - 1
             reduced_size = c.priced.result_bytes[-1]

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import Assessment, evaluate, ideal_step_time_s
+from costmodel.evaluate import COMMUNICATION, Assessment, evaluate, ideal_step_time_s
 from ir import ops
 from ir.core import IRError
 from ir.lower import Lowered, LowerOptions, lower
@@ -112,7 +112,7 @@ def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
         "step_time_s": cost.step_time_s,
         "compute_s": cost.compute_s,
         "communication_s": cost.communication_s,
-        "communication_by_kind_s": {k: cost.seconds_by_kind.get(k, 0.0) for k in COLLECTIVE_KINDS[:4]},
+        "communication_by_kind_s": {k: cost.seconds_by_kind.get(k, 0.0) for k in COMMUNICATION},
         "peak_memory_bytes": cost.peak_memory_bytes,
         "capacity_bytes": cost.capacity_bytes,
         "fits": cost.fits,
