@@ -132,6 +132,33 @@ def peak_memory_bytes(fn: Function) -> int:
     return peak
 
 
+def live_at_peak(fn: Function) -> tuple[int, list[tuple[str, int]]]:
+    """The peak of `peak_memory_bytes` and the values live there (name,
+    bytes), largest first: what dominates a program's memory."""
+    n = len(fn.ops)
+    last: dict = {}
+    for i, op in enumerate(fn.ops):
+        for v in op.operands:
+            last[v] = i
+    for r in fn.results:
+        last[r] = n
+    live = sum(p.type.num_bytes for p in fn.params)
+    delta = [0] * (n + 2)
+    for i, op in enumerate(fn.ops):
+        for r in op.results:
+            delta[i] += r.type.num_bytes
+            delta[max(last.get(r, i), i) + 1] -= r.type.num_bytes
+    peak, at = live, -1
+    for i in range(n):
+        live += delta[i]
+        if live > peak:
+            peak, at = live, i
+    values = [(p.name, p.type.num_bytes) for p in fn.params]
+    values += [(r.name, r.type.num_bytes) for i, op in enumerate(fn.ops[: at + 1]) for r in op.results
+               if max(last.get(r, i), i) >= at]
+    return peak, sorted(values, key=lambda nb: -nb[1])
+
+
 def evaluate(fn: Function, hardware: Hardware) -> Cost:
     """Step time and peak memory of a device-local program (or of a global
     program on one device)."""

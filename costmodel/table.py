@@ -248,7 +248,7 @@ class CostTable:
                 memo_key = (count, key if isinstance(key, tuple) else int(key))
                 term = self._op_memo.get(memo_key)
                 if term is None:
-                    term = self._op_memo[memo_key] = self._price_op(int(members[rep]), codes)
+                    term = self._op_memo[memo_key] = self.price_op(int(members[rep]), codes)
                 seconds, kind, op_flops = term
                 by_kind[kind] += seconds * int(times)
                 flops += op_flops * int(times)
@@ -263,7 +263,8 @@ class CostTable:
     def want_dims(self, edge: int, codes: np.ndarray) -> DimAxes:
         return self._dims(self.use_ic[edge], self.values[self.edge_vid[edge]].type.rank, codes)
 
-    def _price_op(self, i: int, codes: np.ndarray) -> tuple[float, str, int]:
+    def price_op(self, i: int, codes: np.ndarray) -> tuple[float, str, int]:
+        """Roofline time, kind and flops of op i on the local types `codes` give it."""
         op = self.fn.ops[i]
         operands = tuple(local_type(self.values[self.edge_vid[e]].type, self.want_dims(e, codes), self.mesh)
                          for e in self.op_edges[i])
@@ -272,6 +273,24 @@ class CostTable:
         attrs = opdef.localize(op.attrs, operands, (result,))
         seconds, flops = op_time_s(op.kind, attrs, operands, (result,), self.mesh, self.hardware)
         return seconds, op.kind, flops
+
+    def resharding(self, v: int, state: int, mask: int, combiner: str, want: int) -> _Resharding:
+        """The lowering's collectives for value `v` from packed sharding `state`
+        (with pending partial axes `mask`, reduced first) to packed `want`,
+        priced and memoized."""
+        key = (self.type_id_of[v], state, mask, combiner, want)
+        chain = self._chain_memo.get(key)
+        if chain is None:
+            ty = self.values[v].type
+            dims, wanted = self.unpack(state, ty.rank), self.unpack(want, ty.rank)
+            steps = reduce_steps(dims, self.mask_axes[mask], combiner, wanted) if mask else []
+            reduce_count = len(steps)
+            after = steps[-1].dims if steps else dims
+            if after != wanted:
+                steps += redistribute_steps(after, wanted)
+            chain = _Resharding(self.price_chain(ty, dims, steps), reduce_count, self.pack_dims(after))
+            self._chain_memo[key] = chain
+        return chain
 
     def price_chain(self, ty: TensorType, dims: DimAxes, steps: Sequence[Step]) -> _ChainCost:
         """Time and result bytes of each collective of a resharding of a value of type `ty`."""
@@ -368,7 +387,7 @@ class _Run:
                 state, mask, combiner = def_key[v], self.partial[v], self.combiner[v]
             else:  # not partial, or flowing through op i unreduced
                 state, mask, combiner = def_key[v], 0, "sum"
-            chain = self._chain(v, state, mask, combiner, want_key[e])
+            chain = t.resharding(v, state, mask, combiner, want_key[e])
             if mask:
                 self.reduced[v] = (chain.reduced, e)
             if chain.priced.kinds:
@@ -381,27 +400,10 @@ class _Run:
         for v in t.result_vids:
             if v in self.partial and v not in self.reduced:
                 state = def_key[v]
-                chain = self._chain(v, state, self.partial[v], self.combiner[v], state)
+                chain = t.resharding(v, state, self.partial[v], self.combiner[v], state)
                 self.reduced[v] = (chain.reduced, -1)
                 self._tally(chain.priced, 1, by_kind)
                 self.end_chains.append(_Chain(-1, v, chain.priced, chain.reduce_count))
-
-    def _chain(self, v: int, state: int, mask: int, combiner: str, want: int) -> _Resharding:
-        """The lowering's collectives from packed sharding `state` (with
-        pending partial axes `mask`: reduced first) to `want`, priced."""
-        t = self.t
-        key = (t.type_id_of[v], state, mask, combiner, want)
-        chain = t._chain_memo.get(key)
-        if chain is None:
-            ty = t.values[v].type
-            dims, wanted = t.unpack(state, ty.rank), t.unpack(want, ty.rank)
-            steps = reduce_steps(dims, t.mask_axes[mask], combiner, wanted) if mask else []
-            reduce_count = len(steps)
-            after = steps[-1].dims if steps else dims
-            if after != wanted:
-                steps += redistribute_steps(after, wanted)
-            chain = t._chain_memo[key] = _Resharding(t.price_chain(ty, dims, steps), reduce_count, t.pack_dims(after))
-        return chain
 
     def _tally(self, priced: _ChainCost, count: int, by_kind: Counter[str]) -> None:
         """Add `count` uses' worth of a priced chain to the totals."""
