@@ -120,10 +120,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _planned(args: argparse.Namespace):
     from ir.lower import LowerOptions
-    from solver.planner import plan_spec
+    from solver.planner import SearchOverrides, plan_spec
     from solver.spec import load_spec
 
-    return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded))
+    overrides = SearchOverrides(args.time_limit, args.workers, args.seed)
+    return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -200,7 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
         p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
         p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
-                       help="none: the schedule's manual tactics only (default)")
+                       help="none (default): run the schedule as written; cpsat: run its auto tactics with "
+                       "CP-SAT or, if it has none, search every mesh axis (the schedule becomes the hint)")
+        p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
+                       help="time limit of each auto tactic (default: the spec's, else 60)")
+        p.add_argument("--workers", type=_positive_int, help="CP-SAT workers (default: the spec's, else 1)")
+        p.add_argument("--seed", type=int, help="search seed (default: the spec's, else 0)")
         p.add_argument("--reuse-resharded", action="store_true",
                        help="keep resharded values (e.g. all_gathered parameters) for later uses instead of "
                        "resharding at each use")
@@ -210,6 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,7 +64,7 @@ from ir.core import IRError
 from ir.lower import flowing_partial, lower
 from ir.sharding import FactorSharding
 from solver.plan import Plan
-from solver.space import FREE, ON, Point, SearchSpace
+from solver.space import FREE, Point, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
 _ENUMERATION_BITS = 14
@@ -136,7 +136,7 @@ class _Combo:
     result_bytes: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: terms key the memory cuts
 class _Term:
     kind: str  # op | edge | end | param
     rep: int  # representative op, edge or value
@@ -560,7 +560,8 @@ class _Cp:
             if term.outputs:
                 lits = self._literals(term, c.taken, c.inputs)
                 for f, value in zip(term.outputs, c.outputs):
-                    self.model.AddBoolOr([lit.Not() for lit in lits] + [self.onehot[f][self.m.features[f].index(value)]])
+                    holds = self.onehot[f][self.m.features[f].index(value)]
+                    self.model.AddBoolOr([lit.Not() for lit in lits] + [holds])
         for taken, inputs in term.forbidden:
             self.model.AddBoolOr([lit.Not() for lit in self._literals(term, taken, inputs)])
 
@@ -616,7 +617,7 @@ class _Cp:
     def memory_cut(self, counts: Counter, capacity: int) -> None:
         """sum over terms of count * local KiB <= capacity in KiB (floors: a
         valid bound; each term's variable is at least its true KiB)."""
-        rhs = capacity // 1024
+        rhs = int(capacity) // 1024
         expr = []
         for term, count in counts.items():
             kib = [c.result_bytes // 1024 for c in term.combos]

@@ -22,7 +22,7 @@ from ir.nda import NDA, analyze
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.spec import Spec
-from solver.tactics import Auto, apply_schedule
+from solver.tactics import Auto, Tactic, apply_schedule
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice")
 SOLVERS = ("none", "cpsat", "mcts")
@@ -38,42 +38,102 @@ class Planned:
     lowered: Lowered
     assessment: Assessment
     seconds: dict[str, float]
+    search: tuple[Any, ...] = ()  # the backends' reports (solver.cpsat.SolveReport), one per auto tactic
 
 
-def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None) -> Planned:
-    """Run the spec's schedule (`solver="none"`: manual tactics only) and lower the plan."""
+@dataclass(frozen=True, slots=True)
+class SearchOverrides:
+    """Command-line settings for the auto tactics (None: the spec's, or the defaults)."""
+
+    time_limit_s: float | None = None
+    workers: int | None = None
+    seed: int | None = None
+
+    def apply(self, auto: Auto, solver: str) -> Auto:
+        return Auto(auto.axes, solver,
+                    auto.time_limit_s if self.time_limit_s is None else self.time_limit_s,
+                    auto.workers if self.workers is None else self.workers,
+                    auto.seed if self.seed is None else self.seed)
+
+
+def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
+              overrides: SearchOverrides | None = None) -> Planned:
+    """Run the spec's schedule and lower the plan. `solver="none"` runs the
+    schedule as written (its auto tactics with their own backends); a named
+    backend runs its auto tactics with that backend or, if the schedule has
+    none, a fully automatic schedule (auto on every mesh axis) hinted with
+    the schedule's manual plan."""
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     model = spec.build()
     seconds["build"] = time.perf_counter() - start
     nda = analyze(model.function, model.params)
     seconds["analysis"] = time.perf_counter() - start - seconds["build"]
-    tactics = spec.tactics()
-    if solver != "none":
-        # The chosen backend runs the schedule's auto tactics, or all axes after the manual ones.
-        autos = [t for t in tactics if isinstance(t, Auto)]
-        tactics = [Auto(t.axes, solver) if isinstance(t, Auto) else t for t in tactics]
-        if not autos:
-            tactics.append(Auto(tuple(spec.mesh), solver))
-    elif not tactics:
-        raise IRError(f"{spec.source}: no schedule: add manual tactics under `schedule:` (see the README), "
-                      "or choose a search backend with --solver")
+    tactics, hint_tactics = _schedule(spec, solver, overrides or SearchOverrides())
     t0 = time.perf_counter()
-    plan = apply_schedule(nda, spec.mesh_obj(), tactics)
+    mesh, hardware = spec.mesh_obj(), spec.hardware_obj()
+    search = _Search(model, nda, mesh, hardware)
+    if hint_tactics:
+        search.hint = apply_schedule(nda, mesh, hint_tactics)
+    plan = apply_schedule(nda, mesh, tactics, search)
     sharding = plan.materialize(nda)
     seconds["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     lowered = lower(model.function, nda, sharding, options or LowerOptions())
     seconds["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    hardware = spec.hardware_obj()
     assessment = Assessment(
         cost=evaluate(lowered.function, hardware),
         baseline=evaluate(model.function, hardware),
         ideal_step_time_s=ideal_step_time_s(model.function, sharding.mesh.num_devices, hardware),
     )
     seconds["cost"] = time.perf_counter() - t0
-    return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds)
+    return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports))
+
+
+def _schedule(spec: Spec, solver: str, overrides: SearchOverrides) -> tuple[list[Tactic], list[Tactic]]:
+    """The tactics to run, and the manual schedule that hints a fully automatic one."""
+    tactics = spec.tactics()
+    autos = [t for t in tactics if isinstance(t, Auto)]
+    if solver == "none":
+        if not tactics:
+            raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` (see the README), "
+                          "or choose a search backend with --solver")
+        return [overrides.apply(t, t.solver) if isinstance(t, Auto) else t for t in tactics], []
+    if autos:
+        return [overrides.apply(t, solver) if isinstance(t, Auto) else t for t in tactics], []
+    return [overrides.apply(Auto(tuple(spec.mesh)), solver)], tactics
+
+
+class _Search:
+    """Runs auto tactics for `apply_schedule` with the shared cost table."""
+
+    def __init__(self, model: Model, nda: NDA, mesh, hardware) -> None:
+        self.model, self.nda, self.mesh, self.hardware = model, nda, mesh, hardware
+        self.hint: Plan | None = None
+        self.reports: list[Any] = []
+        self._table = None
+
+    def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
+        from costmodel.table import CostTable
+        from solver import cpsat
+        from solver.space import SearchSpace
+
+        if auto.solver != "cpsat":
+            raise NotImplementedError(f"{where}: the {auto.solver} backend is not implemented yet (issue 8); "
+                                      "use solver: cpsat")
+        if self._table is None:
+            self._table = CostTable(self.model.function, self.nda, self.mesh, self.hardware)
+        space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs)
+        hint = None
+        if self.hint is not None:
+            hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
+        options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed)
+        result = cpsat.solve(space, self._table, options, hint)
+        self.reports.append(result.report)
+        if result.plan is None:
+            raise cpsat.NoPlanFits(f"{where}: {result.report.message}")
+        return result.plan
 
 
 def collective_counts(lowered: Lowered) -> dict[str, int]:
@@ -100,6 +160,7 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
         "local_program": {"ops": len(planned.lowered.function.ops)},
         "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
         "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
+        "search": [r.to_json() for r in planned.search],
         "time_s": dict(planned.seconds),
     }
 
@@ -162,6 +223,12 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     lines = [f"{report['source']}: plan (solver {report['solver']}) on mesh {mesh}",
              f"collectives: {counts}; local program: {report['local_program']['ops']} ops", ""]
+    for r in report["search"]:
+        lines.append(f"search ({r['solver']} on {', '.join(r['axes'])}): {r['message']}; "
+                     f"model {r['variables']} variables, {r['constraints']} constraints; "
+                     f"built in {r['build_s']:.2f} s, solved in {r['solve_s']:.2f} s")
+    if report["search"]:
+        lines.append("")
     lines += format_cost(report["cost"]) + ["", "decisions:"]
     lines += [f"  {d['axis']:>8}: {d['what']}" for d in report["plan"]["decisions"]] or ["  none"]
     if report["plan"]["resolutions"]:

@@ -9,12 +9,13 @@ rule that the earlier decision wins where an owner (op or parameter) is
 contended. So a point determines its factor sharding exactly, and every
 backend (and the brute-force test) evaluates the same plans.
 
-Priority: colors with more I-classes first (ties by color id). The big
-activation colors (batch, sequence, model width) then win the ops they share
-with a weight's color on the same axis, which is what makes ZeRO-3 / FSDP
-expressible: a weight dimension sharded along the batch axis keeps its
-optimizer update and storage sharded, and is gathered where the batch
-dimension takes the axis.
+Priority: first the *data* colors (they name a dimension of a batch input
+and no dimension of any other parameter: batch, sequence), then the others
+by decreasing number of I-classes, ties by color id. Data colors then win
+the ops they share with a weight's color on the same axis, which is what
+makes ZeRO-3 / FSDP expressible: a weight dimension sharded along the batch
+axis keeps its storage and optimizer update sharded, and the weight is
+gathered where the batch dimension takes the axis.
 
 Color groups (`fold_layers`): colors whose parameter dimensions are the same
 dimensions of the same parameter groups (`NDA.param_groups`: the repeated
@@ -34,7 +35,6 @@ from ir.nda import NDA
 from ir.sharding import Decision, FactorSharding
 from solver.plan import Plan
 
-
 FREE, OFF, ON = 0, 1, 2
 
 
@@ -49,7 +49,8 @@ class Point:
 class SearchSpace:
     """What an auto tactic on `axes` decides after the plan `base` (earlier tactics)."""
 
-    def __init__(self, nda: NDA, base: Plan, axes: Sequence[str], *, fold_layers: bool = True) -> None:
+    def __init__(self, nda: NDA, base: Plan, axes: Sequence[str], *, fold_layers: bool = True,
+                 data_inputs: Sequence[str] = ()) -> None:
         mesh = base.mesh
         unknown = [a for a in axes if a not in mesh.names]
         if unknown:
@@ -59,8 +60,9 @@ class SearchSpace:
         self.base: FactorSharding = base.materialize(nda)
         self.fold_layers = fold_layers
         self.group_of, self.groups = _color_groups(nda, fold_layers)
-        self.priority: tuple[int, ...] = tuple(sorted(range(nda.num_colors),
-                                                      key=lambda c: (-len(nda.color_iclasses[c]), c)))
+        data = _data_colors(nda, data_inputs)
+        self.priority: tuple[int, ...] = tuple(sorted(
+            range(nda.num_colors), key=lambda c: (c not in data, -len(nda.color_iclasses[c]), c)))
         self.free_classes = self._free_classes()
         self.status = self._statuses()
         live = {(self.group_of[nda.iclasses[k].color], a)
@@ -169,6 +171,15 @@ def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[in
     for c, g in enumerate(group_of):
         groups[g].append(c)
     return tuple(group_of), tuple(tuple(g) for g in groups)
+
+
+def _data_colors(nda: NDA, data_inputs: Sequence[str]) -> set[int]:
+    """Colors naming a dimension of a batch input and none of another parameter."""
+    named: dict[int, set[bool]] = {}
+    for p in nda.function.params:
+        for d in range(p.type.rank):
+            named.setdefault(nda.def_color(p, d), set()).add(p.name in data_inputs)
+    return {c for c, kinds in named.items() if kinds == {True}}
 
 
 def _param_examples(nda: NDA, color: int) -> str:

@@ -144,7 +144,9 @@ class AutoSpec(_Strict):
 
     axes: list[str] = Field(min_length=1)
     solver: Literal["cpsat", "mcts"] = "cpsat"
-    time_limit: float | None = Field(default=None, gt=0)
+    time_limit: float = Field(default=60.0, gt=0)  # seconds
+    workers: int = Field(default=1, ge=1)
+    seed: int = 0
 
 
 class TacticSpec(_Strict):
@@ -177,7 +179,8 @@ class TacticSpec(_Strict):
             return Replicate(self.replicate.axis, tuple(self.replicate.values))
         if self.resolve is not None:
             return Resolve(tuple(sorted(self.resolve.items())))
-        return Auto(tuple(self.auto.axes), self.auto.solver)
+        a = self.auto
+        return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed)
 
 
 def _link_choice(value: Any, info: ValidationInfo) -> Any:

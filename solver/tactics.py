@@ -15,14 +15,17 @@ decisions come after, and earlier decisions win on a contended axis).
                          (PartIR's atomic).
   Resolve(bits)          set resolution-class bits (`shardplan explain`
                          lists the classes and what each resolution shards).
-  Auto(axes, solver)     run a search backend on the given axes.
+  Auto(axes, solver, ...) run a search backend on the given axes, after the
+                         earlier tactics (their decisions stay fixed); the
+                         caller supplies the backend (`solver.planner`), since
+                         a search needs the cost model.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ir.core import IRError, Mesh, Value
@@ -58,13 +61,20 @@ class Resolve:
 class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
+    time_limit_s: float = 60.0
+    workers: int = 1
+    seed: int = 0
 
 
 Tactic = Manual | Replicate | Resolve | Auto
 
 
-def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic]) -> Plan:
-    """The plan a schedule builds, tactic by tactic."""
+Search = Callable[[Plan, Auto, str], Plan]
+
+
+def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Search | None = None) -> Plan:
+    """The plan a schedule builds, tactic by tactic. `search(plan, auto, where)`
+    runs an auto tactic on the plan so far and returns the extended plan."""
     plan = Plan(mesh)
     for index, tactic in enumerate(schedule):
         where = f"schedule.{index}.{type(tactic).__name__.lower()}"
@@ -78,10 +88,12 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic]) -> Plan:
         elif isinstance(tactic, Resolve):
             plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
         else:
-            raise NotImplementedError(
-                f"{where}: the auto tactic needs a search backend ({tactic.solver}); the CP-SAT and MCTS "
-                "backends arrive with their issues. Use manual tactics for now."
-            )
+            for axis in tactic.axes:
+                _check_axis(mesh, axis, where)
+            if search is None:
+                raise TacticError(f"{where}: an auto tactic needs a search backend and the cost model; "
+                                  "run the schedule through solver.planner.plan_spec")
+            plan = search(plan, tactic, where)
     return plan
 
 

@@ -109,12 +109,14 @@ def test_tactic_errors_name_the_problem_and_the_valid_choices(tactic, message):
     assert message in str(info.value)
 
 
-def test_auto_tactic_is_not_implemented_yet():
+def test_auto_tactic_needs_a_search_backend():
     from solver.tactics import Auto
 
     model = build("mlp")
-    with pytest.raises(NotImplementedError, match="auto tactic needs a search backend"):
+    with pytest.raises(TacticError, match="schedule.0.auto: an auto tactic needs a search backend"):
         apply_schedule(analyze(model.function), MESH, [Auto(("batch",))])
+    with pytest.raises(TacticError, match="unknown mesh axis 'data'"):
+        apply_schedule(analyze(model.function), MESH, [Auto(("data",))], search=lambda plan, auto, where: plan)
 
 
 def test_plan_json_round_trip():
