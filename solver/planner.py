@@ -230,7 +230,10 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     if report["search"]:
         lines.append("")
     lines += format_cost(report["cost"]) + ["", "decisions:"]
-    lines += [f"  {d['axis']:>8}: {d['what']}" for d in report["plan"]["decisions"]] or ["  none"]
+    decisions = report["plan"]["decisions"]
+    lines += [f"  {d['axis']:>8}: {d['what']}" for d in decisions[:shown]] or ["  none"]
+    if len(decisions) > shown:
+        lines.append(f"  ... and {len(decisions) - shown} more (--json lists them all)")
     if report["plan"]["resolutions"]:
         lines.append("resolutions: " + ", ".join(f"class {k} -> {b}" for k, b in report["plan"]["resolutions"].items()))
     sharded = [p for p in report["params"] if any(p["sharding"])]
