@@ -145,12 +145,6 @@ class SearchSpace:
         bits = bits or {}
         return Point(frozenset(sharded), tuple((c, int(bits.get(c, 0))) for c in self.free_classes))
 
-    def describe_group(self, group: int) -> str:
-        colors = self.groups[group]
-        examples = _param_examples(self.nda, colors[0])
-        more = f" and {len(colors) - 1} like it" if len(colors) > 1 else ""
-        return f"color #{colors[0]}{more}" + (f" ({examples})" if examples else "")
-
 
 def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """Per color its group id, and the groups' colors (module docstring)."""
@@ -180,10 +174,3 @@ def _data_colors(nda: NDA, data_inputs: Sequence[str]) -> set[int]:
         for d in range(p.type.rank):
             named.setdefault(nda.def_color(p, d), set()).add(p.name in data_inputs)
     return {c for c, kinds in named.items() if kinds == {True}}
-
-
-def _param_examples(nda: NDA, color: int) -> str:
-    found = [f"%{p.name}[{d}]" for p in nda.function.params for d in range(p.type.rank)
-             if nda.def_color(p, d) == color]
-    return ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
-
