@@ -111,6 +111,22 @@ def make_cost(seconds_by_kind: Mapping[str, float], peak_memory_bytes: int, flop
 
 def peak_memory_bytes(fn: Function) -> int:
     """Largest live bytes over the program (see the module docstring)."""
+    return _peak(fn)[0]
+
+
+def live_at_peak(fn: Function) -> tuple[int, list[tuple[str, int]]]:
+    """The peak of `peak_memory_bytes` and the values live there (name,
+    bytes), largest first: what dominates a program's memory."""
+    peak, at, last = _peak(fn)
+    values = [(p.name, p.type.num_bytes) for p in fn.params]
+    values += [(r.name, r.type.num_bytes) for i, op in enumerate(fn.ops[: at + 1]) for r in op.results
+               if max(last.get(r, i), i) >= at]
+    return peak, sorted(values, key=lambda nb: -nb[1])
+
+
+def _peak(fn: Function) -> tuple[int, int, dict]:
+    """(peak live bytes, the op index where it is first reached or -1 before
+    any op, each value's last use: n for results)."""
     n = len(fn.ops)
     last: dict = {}
     for i, op in enumerate(fn.ops):
@@ -126,37 +142,12 @@ def peak_memory_bytes(fn: Function) -> int:
             delta[i] += nbytes
             delta[max(last.get(r, i), i) + 1] -= nbytes
     peak = live = resident
-    for i in range(n):
-        live += delta[i]
-        peak = max(peak, live)
-    return peak
-
-
-def live_at_peak(fn: Function) -> tuple[int, list[tuple[str, int]]]:
-    """The peak of `peak_memory_bytes` and the values live there (name,
-    bytes), largest first: what dominates a program's memory."""
-    n = len(fn.ops)
-    last: dict = {}
-    for i, op in enumerate(fn.ops):
-        for v in op.operands:
-            last[v] = i
-    for r in fn.results:
-        last[r] = n
-    live = sum(p.type.num_bytes for p in fn.params)
-    delta = [0] * (n + 2)
-    for i, op in enumerate(fn.ops):
-        for r in op.results:
-            delta[i] += r.type.num_bytes
-            delta[max(last.get(r, i), i) + 1] -= r.type.num_bytes
-    peak, at = live, -1
+    at = -1
     for i in range(n):
         live += delta[i]
         if live > peak:
             peak, at = live, i
-    values = [(p.name, p.type.num_bytes) for p in fn.params]
-    values += [(r.name, r.type.num_bytes) for i, op in enumerate(fn.ops[: at + 1]) for r in op.results
-               if max(last.get(r, i), i) >= at]
-    return peak, sorted(values, key=lambda nb: -nb[1])
+    return peak, at, last
 
 
 def evaluate(fn: Function, hardware: Hardware) -> Cost:

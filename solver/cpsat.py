@@ -411,8 +411,8 @@ class _Model:
         rows = []
         for taken in self.key_combos(keys):
             codes = self._codes(keys, taken, iclasses)
-            have = t.pack_dims(tuple(t.axis_tuples[c] for c in codes[dic]))
-            want = t.pack_dims(tuple(t.axis_tuples[c] for c in codes[wic]))
+            have = _packed(t, codes, dic)
+            want = _packed(t, codes, wic)
             for values in itertools.product(*(self.features[f] for f in inputs)):
                 state = dict(zip(inputs, values))
                 mask, combiner = state.get(pf, _NOT_PARTIAL) if pf is not None else _NOT_PARTIAL
@@ -420,7 +420,7 @@ class _Model:
                     mask = 0  # it flows through the op unreduced
                 state_now = have
                 if mask and role[0] == "later":
-                    first = t.pack_dims(tuple(t.axis_tuples[c] for c in codes[first_ic]))
+                    first = _packed(t, codes, first_ic)
                     state_now, mask = t.resharding(v, have, mask, combiner, first).reduced, 0
                 seconds = 0.0
                 if mask or state_now != want:
@@ -440,7 +440,7 @@ class _Model:
             rows = []
             for taken in self.key_combos(keys):
                 codes = self._codes(keys, taken, dic)
-                have = t.pack_dims(tuple(t.axis_tuples[c] for c in codes[dic]))
+                have = _packed(t, codes, dic)
                 for (value,) in itertools.product(self.features[pf]):
                     mask, combiner = value
                     seconds = sum(t.resharding(v, have, mask, combiner, have).priced.seconds) if mask else 0.0
@@ -465,6 +465,11 @@ class _Model:
                 rows.append(_Combo(taken, (), (), 0.0, size))
             term = self.terms[name] = _Term("param", p, keys, (), (), rows, mult=0)
         return term
+
+
+def _packed(t: CostTable, codes: np.ndarray, iclasses: list[int]) -> int:
+    """A tensor's packed sharding, its dimensions' I-classes taking their codes."""
+    return t.pack_dims(tuple(t.axis_tuples[c] for c in codes[iclasses]))
 
 
 # ------------------------------------------------------------ the CP-SAT model
