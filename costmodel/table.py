@@ -36,7 +36,6 @@ Modelled lowering: the default `LowerOptions()` (resharding at each use).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from ir import ops
 from ir.core import Function, IRError, Mesh, TensorType
 from ir.lower import FLOWING_KINDS, LoweringError, Step, flowing_partial, redistribute_steps, reduce_steps
 from ir.nda import NDA
-from ir.sharding import DimAxes, FactorSharding, local_type
+from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 
 # Combined integer keys must stay below this (int64, with room to spare).
 _KEY_LIMIT = 1 << 62
@@ -79,7 +78,7 @@ class CostTable:
             if ops.get(op.kind).is_collective or len(op.results) != 1:
                 raise IRError(f"{op.describe()}: the cost table needs a global program of single-result ops")
         self.fn, self.nda, self.mesh, self.hardware = fn, nda, mesh, hardware
-        self.axis_tuples = [t for r in range(len(mesh.axes) + 1) for t in itertools.permutations(mesh.names, r)]
+        self.axis_tuples = axis_tuples(mesh)
         self.code_of = {t: c for c, t in enumerate(self.axis_tuples)}
         self.code_size = np.array([mesh.group_size(t) for t in self.axis_tuples], dtype=np.int64)
         bit = {a: 1 << k for k, a in enumerate(mesh.names)}

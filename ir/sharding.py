@@ -31,6 +31,7 @@ consumer's).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,13 @@ class FactorSharding:
         """How an op wants one of its operands sharded."""
         rank = nda.function.ops[op_index].operands[operand].type.rank
         return tuple(self.axes[nda.use_iclass(op_index, operand, d)] for d in range(rank))
+
+
+def axis_tuples(mesh: Mesh) -> list[tuple[str, ...]]:
+    """Every ordered tuple of distinct mesh axes, shortest first: the numbering
+    of a sharding's *codes* (code 0 is unsharded), shared by the cost table
+    and the search space."""
+    return [t for r in range(len(mesh.axes) + 1) for t in itertools.permutations(mesh.names, r)]
 
 
 def local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:

@@ -24,6 +24,7 @@ from ir.core import IRError
 from ir.text import parse_file
 
 EXIT_INPUT_ERROR = 1
+EXIT_NO_PLAN = 3  # compare: a backend returned no plan (the report says why)
 EXIT_INTERNAL_ERROR = 70
 # `run` is a semantics check on small shapes; refuse values that would not fit
 # comfortably in this machine's memory rather than die in numpy.
@@ -123,8 +124,15 @@ def _planned(args: argparse.Namespace):
     from solver.planner import SearchOverrides, plan_spec
     from solver.spec import load_spec
 
-    overrides = SearchOverrides(args.time_limit, args.workers, args.seed)
-    return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides)
+    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations)
+    return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
+                     _progress(args))
+
+
+def _progress(args: argparse.Namespace):
+    from solver.search import Progress
+
+    return Progress(sys.stderr, enabled=False if args.quiet else None)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -145,6 +153,21 @@ def cmd_lower(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from solver.compare import BACKENDS, compare, format_compare
+    from solver.planner import SearchOverrides
+    from solver.spec import load_spec
+
+    spec = load_spec(args.spec)
+    overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations)
+    report = compare(spec, overrides, _progress(args))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_compare(report, spec.source), end="")
+    return EXIT_NO_PLAN if any("error" in report[s] for s in BACKENDS) else 0
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -201,12 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
         p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
         p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
-                       help="none (default): run the schedule as written; cpsat: run its auto tactics with "
-                       "CP-SAT or, if it has none, search every mesh axis (the schedule becomes the hint)")
+                       help="none (default): run the schedule as written; cpsat or mcts: run its auto tactics "
+                       "with that backend or, if it has none, search every mesh axis (the schedule becomes "
+                       "CP-SAT's hint)")
         p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
                        help="time limit of each auto tactic (default: the spec's, else 60)")
-        p.add_argument("--workers", type=_positive_int, help="CP-SAT workers (default: the spec's, else 1)")
-        p.add_argument("--seed", type=int, help="search seed (default: the spec's, else 0)")
+        _search_arguments(p)
         p.add_argument("--reuse-resharded", action="store_true",
                        help="keep resharded values (e.g. all_gathered parameters) for later uses instead of "
                        "resharding at each use")
@@ -215,7 +238,24 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)
+
+    summary = "plan the spec with CP-SAT and with MCTS on the same cost model and compare the plans"
+    p = sub.add_parser("compare", help=summary, description=summary[0].upper() + summary[1:] + ".")
+    p.add_argument("spec", help="YAML spec, e.g. specs/transformer.yaml")
+    p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                   help="time limit of each backend on each auto tactic (default: the spec's, else 60)")
+    _search_arguments(p)
+    p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (README)")
+    p.set_defaults(func=cmd_compare)
     return parser
+
+
+def _search_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iterations", type=_positive_int, metavar="N",
+                   help="MCTS trajectories (default: the spec's, else 200)")
+    p.add_argument("--workers", type=_positive_int, help="CP-SAT workers (default: the spec's, else 1)")
+    p.add_argument("--seed", type=int, help="search seed (default: the spec's, else 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress line on the terminal during the search")
 
 
 def _positive_float(text: str) -> float:

@@ -58,12 +58,10 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from costmodel.evaluate import Cost, live_at_peak
 from costmodel.table import CostTable
 from ir.core import IRError
-from ir.lower import flowing_partial, lower
-from ir.sharding import FactorSharding
-from solver.plan import Plan
+from ir.lower import flowing_partial
+from solver.search import SILENT, AutoResult, Progress, no_fit_message
 from solver.space import FREE, Point, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
@@ -103,18 +101,6 @@ class SolveReport:
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) if f != "axes" else list(self.axes) for f in self.__slots__}
-
-
-@dataclass(frozen=True, slots=True)
-class AutoResult:
-    plan: Plan | None
-    sharding: FactorSharding | None
-    cost: Cost | None
-    report: SolveReport
-
-
-class NoPlanFits(IRError):
-    """No plan of the space fits the devices' memory (or none was found in time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,6 +507,7 @@ class _Cp:
                 objective.append(self._bounded(term, excess))
         model.Minimize(sum(v for v in objective if v is not None))
         self.memory_cuts = 0
+        self.rounds = 0  # solves so far (the progress line shows it)
         self._bytes: dict[int, Any] = {}  # id(term) -> its local-KiB variable
 
     def _define(self, kid: int, key: _Key, i: int) -> None:
@@ -592,7 +579,8 @@ class _Cp:
             for c, var in self.r.items():
                 self.model.AddHint(var, bits.get(c, 0))
 
-    def solve(self, seconds: float, options: CpSatOptions) -> tuple[str, Point | None, float | None, float | None]:
+    def solve(self, seconds: float, options: CpSatOptions,
+              progress: Progress = SILENT) -> tuple[str, Point | None, float | None, float | None]:
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers = max(1, options.workers)
@@ -601,16 +589,19 @@ class _Cp:
         p.interleave_search = options.workers > 1
         p.max_deterministic_time = max(seconds, 0.01)
         p.max_time_in_seconds = max(3 * seconds, 1.0)
-        status = solver.Solve(self.model)
+        status = solver.Solve(self.model, _Progress(self, progress) if progress.enabled else None)
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                 cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
         if name not in ("optimal", "feasible"):
             return name, None, None, None
         sharded = frozenset(v for v, var in self.x.items() if solver.Value(var))
         bits = tuple((c, solver.Value(var)) for c, var in self.r.items())
-        objective = self.constant_s + solver.ObjectiveValue() * self.unit
-        bound = self.constant_s + solver.BestObjectiveBound() * self.unit
+        objective = self.step_time_s(solver.ObjectiveValue())
+        bound = self.step_time_s(solver.BestObjectiveBound())
         return name, Point(sharded, bits), objective, bound
+
+    def step_time_s(self, objective: float) -> float:
+        return self.constant_s + objective * self.unit
 
     def exclude(self, point: Point) -> None:
         """A no-good cut: this point does not fit."""
@@ -639,6 +630,20 @@ class _Cp:
     def size(self) -> tuple[int, int]:
         proto = self.model.Proto()
         return len(proto.variables), len(proto.constraints)
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """Shows each improving solution on the progress line (read-only: the
+    search is the same with or without it)."""
+
+    def __init__(self, cp: _Cp, progress: Progress) -> None:
+        super().__init__()
+        self.cp, self.progress = cp, progress
+
+    def on_solution_callback(self) -> None:
+        best, bound = self.cp.step_time_s(self.ObjectiveValue()), self.cp.step_time_s(self.BestObjectiveBound())
+        self.progress.update(f"cpsat: solve {self.cp.rounds + 1}, best step time {best:.4g} s "
+                             f"(bound {bound:.4g} s), {self.WallTime():.1f} s")
 
 
 def _lower_bound_counts(m: _Model, codes: np.ndarray, capacity: int, at_most: int = 3) -> list[Counter]:
@@ -675,7 +680,7 @@ def _lower_bound_counts(m: _Model, codes: np.ndarray, capacity: int, at_most: in
 
 
 def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = None,
-          hint: Point | None = None) -> AutoResult:
+          hint: Point | None = None, progress: Progress = SILENT) -> AutoResult:
     """The best plan of the space under the cost model that fits memory (module docstring)."""
     options = options or CpSatOptions()
     start = time.perf_counter()
@@ -693,7 +698,9 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
         if left <= 0:
             break
         cp.hint(hint)
-        status, point, objective, bound = cp.solve(left, options)
+        cp.rounds = rounds
+        progress.update(f"cpsat: solve {rounds + 1}, {time.perf_counter() - solve_start:.1f} s", force=True)
+        status, point, objective, bound = cp.solve(left, options, progress)
         rounds += 1
         if point is None:
             proven = status == "infeasible"
@@ -726,31 +733,10 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
         report = SolveReport(status=status, objective_s=objective, bound_s=bound, gap=gap, message=message, **common)
         return AutoResult(plan, sharding, cost, report)
     status = "infeasible" if proven else "unknown"
-    message = _no_fit_message(space, table, smallest, proven, rounds, options)
+    tries = f"in {rounds} solves" if rounds else f"within the time limit ({options.time_limit_s:g} s)"
+    message = no_fit_message(space, table, smallest, proven, tries)
     report = SolveReport(status=status, objective_s=None, bound_s=None, gap=None, message=message, **common)
     return AutoResult(None, None, None, report)
 
 
-def _no_fit_message(space: SearchSpace, table: CostTable, smallest: tuple | None, proven: bool,
-                    rounds: int, options: CpSatOptions) -> str:
-    capacity = table.hardware.capacity_bytes
-    if smallest is None:
-        if proven:
-            return "no plan of the search space can be lowered (CP-SAT proved the model infeasible)"
-        return f"no plan found within the time limit ({options.time_limit_s:g} s)"
-    peak, sharding = smallest
-    local = lower(table.fn, space.nda, sharding).function
-    _, live = live_at_peak(local)
-    params = {p.name for p in local.params}
-    resident = sum(b for name, b in live if name in params)
-    top = ", ".join(f"%{name} {_gib(b)}" for name, b in live[:4])
-    why = "no plan fits" if proven else f"no plan that fits was found in {rounds} solves"
-    return (f"{why}: {_gib(capacity)} per device on {table.hardware.name}; the smallest peak found is "
-            f"{_gib(peak)}, of which parameters and optimizer state {_gib(resident)}; largest live values: {top}")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g} GiB" if n >= 2**20 else f"{n / 2**10:.3g} KiB"
-
-
-__all__ = ["AutoResult", "CpSatOptions", "NoPlanFits", "SolveReport", "solve"]
+__all__ = ["CpSatOptions", "SolveReport", "solve"]

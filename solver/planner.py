@@ -21,6 +21,7 @@ from ir.models.base import Model
 from ir.nda import NDA, analyze
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
+from solver.search import SILENT, NoPlanFits, Progress
 from solver.spec import Spec
 from solver.tactics import Auto, Tactic, apply_schedule
 
@@ -38,7 +39,7 @@ class Planned:
     lowered: Lowered
     assessment: Assessment
     seconds: dict[str, float]
-    search: tuple[Any, ...] = ()  # the backends' reports (solver.cpsat.SolveReport), one per auto tactic
+    search: tuple[Any, ...] = ()  # the backends' reports (cpsat.SolveReport, mcts.MctsReport), one per auto tactic
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,19 @@ class SearchOverrides:
     time_limit_s: float | None = None
     workers: int | None = None
     seed: int | None = None
+    iterations: int | None = None
 
     def apply(self, auto: Auto, solver: str) -> Auto:
-        return Auto(auto.axes, solver,
-                    auto.time_limit_s if self.time_limit_s is None else self.time_limit_s,
-                    auto.workers if self.workers is None else self.workers,
-                    auto.seed if self.seed is None else self.seed)
+        def pick(name: str, field: str):
+            mine = getattr(self, name)
+            return getattr(auto, field) if mine is None else mine
+
+        return Auto(auto.axes, solver, pick("time_limit_s", "time_limit_s"), pick("workers", "workers"),
+                    pick("seed", "seed"), pick("iterations", "iterations"))
 
 
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
-              overrides: SearchOverrides | None = None) -> Planned:
+              overrides: SearchOverrides | None = None, progress: Progress = SILENT) -> Planned:
     """Run the spec's schedule and lower the plan. `solver="none"` runs the
     schedule as written (its auto tactics with their own backends); a named
     backend runs its auto tactics with that backend or, if the schedule has
@@ -72,7 +76,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     tactics, hint_tactics = _schedule(spec, solver, overrides or SearchOverrides())
     t0 = time.perf_counter()
     mesh, hardware = spec.mesh_obj(), spec.hardware_obj()
-    search = _Search(model, nda, mesh, hardware)
+    search = _Search(model, nda, mesh, hardware, progress)
     if hint_tactics:
         search.hint = apply_schedule(nda, mesh, hint_tactics)
     plan = apply_schedule(nda, mesh, tactics, search)
@@ -108,31 +112,36 @@ def _schedule(spec: Spec, solver: str, overrides: SearchOverrides) -> tuple[list
 class _Search:
     """Runs auto tactics for `apply_schedule` with the shared cost table."""
 
-    def __init__(self, model: Model, nda: NDA, mesh, hardware) -> None:
+    def __init__(self, model: Model, nda: NDA, mesh, hardware, progress: Progress) -> None:
         self.model, self.nda, self.mesh, self.hardware = model, nda, mesh, hardware
-        self.hint: Plan | None = None
+        self.progress = progress
+        self.hint: Plan | None = None  # CP-SAT's hint; the MCTS starts from the earlier tactics' plan
         self.reports: list[Any] = []
         self._table = None
 
     def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
         from costmodel.table import CostTable
-        from solver import cpsat
+        from solver import cpsat, mcts
         from solver.space import SearchSpace
 
-        if auto.solver != "cpsat":
-            raise NotImplementedError(f"{where}: the {auto.solver} backend is not implemented yet (issue 8); "
-                                      "use solver: cpsat")
         if self._table is None:
             self._table = CostTable(self.model.function, self.nda, self.mesh, self.hardware)
         space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs)
-        hint = None
-        if self.hint is not None:
-            hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
-        options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed)
-        result = cpsat.solve(space, self._table, options, hint)
+        try:
+            if auto.solver == "mcts":
+                options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed)
+                result = mcts.solve(space, self._table, options, self.progress)
+            else:
+                hint = None
+                if self.hint is not None:
+                    hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
+                options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed)
+                result = cpsat.solve(space, self._table, options, hint, self.progress)
+        finally:
+            self.progress.clear()
         self.reports.append(result.report)
         if result.plan is None:
-            raise cpsat.NoPlanFits(f"{where}: {result.report.message}")
+            raise NoPlanFits(f"{where}: {result.report.message}")
         return result.plan
 
 
@@ -217,6 +226,16 @@ def format_cost(cost: dict[str, Any]) -> list[str]:
     ]
 
 
+def format_search(r: dict[str, Any]) -> str:
+    """One line about one auto tactic's search."""
+    head = f"search ({r['solver']} on {', '.join(r['axes'])}): {r['message']}"
+    if r["solver"] == "mcts":
+        return (f"{head}; {r['actions']} actions ({r['pruned']} pruned), {r['states']} states "
+                f"({r['merged']} reached by another action order); {r['solve_s']:.2f} s")
+    return (f"{head}; model {r['variables']} variables, {r['constraints']} constraints; "
+            f"built in {r['build_s']:.2f} s, solved in {r['solve_s']:.2f} s")
+
+
 def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     """The human-readable plan report."""
     counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
@@ -224,9 +243,7 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     lines = [f"{report['source']}: plan (solver {report['solver']}) on mesh {mesh}",
              f"collectives: {counts}; local program: {report['local_program']['ops']} ops", ""]
     for r in report["search"]:
-        lines.append(f"search ({r['solver']} on {', '.join(r['axes'])}): {r['message']}; "
-                     f"model {r['variables']} variables, {r['constraints']} constraints; "
-                     f"built in {r['build_s']:.2f} s, solved in {r['solve_s']:.2f} s")
+        lines.append(format_search(r))
     if report["search"]:
         lines.append("")
     lines += format_cost(report["cost"]) + ["", "decisions:"]

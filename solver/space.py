@@ -30,9 +30,11 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ir.core import IRError
 from ir.nda import NDA
-from ir.sharding import Decision, FactorSharding
+from ir.sharding import Decision, FactorSharding, axis_tuples
 from solver.plan import Plan
 
 FREE, OFF, ON = 0, 1, 2
@@ -70,6 +72,7 @@ class SearchSpace:
         # The variables: (group, axis) pairs some I-class could take, in a fixed order.
         self.variables: tuple[tuple[int, str], ...] = tuple(
             (g, a) for g in range(len(self.groups)) for a in self.axes if (g, a) in live)
+        self._fast = _FastMaterialize(self)
 
     def _statuses(self) -> tuple[tuple[int, ...], ...]:
         """Per I-class and auto axis: ON (the earlier tactics gave it the
@@ -125,6 +128,12 @@ class SearchSpace:
         plan = self.base_plan.with_decisions(*decisions)
         return plan.with_resolutions(dict(point.bits)) if point.bits else plan
 
+    def codes(self, point: Point) -> np.ndarray:
+        """The factor sharding of a point as codes (numbered as `ir.sharding.axis_tuples`),
+        equal to `space.plan(point).materialize(nda)`, about a hundred times faster:
+        what a search that evaluates thousands of points calls."""
+        return self._fast(point)
+
     def points(self) -> Iterator[Point]:
         """Every point of the space (brute force: 2**n of them)."""
         for xs in itertools.product((0, 1), repeat=len(self.variables)):
@@ -144,6 +153,76 @@ class SearchSpace:
                     sharded.add(pair)
         bits = bits or {}
         return Point(frozenset(sharded), tuple((c, int(bits.get(c, 0))) for c in self.free_classes))
+
+
+class _FastMaterialize:
+    """`materialize` specialised to the whole-color decisions a point appends
+    to the earlier plan, vectorised over each color's I-classes. The rule is
+    the same: in decision order, an I-class takes the axis unless it is
+    unshardable, kept whole, deselected, its owner already uses the axis, or
+    the axis does not divide it. Within one decision, several I-classes of
+    one owner may qualify; the first (in color order) takes the axis and
+    blocks the others, as in the sequential rule."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        nda, mesh, base = space.nda, space.mesh, space.base
+        self.space = space
+        tuples = axis_tuples(mesh)
+        code_of = {t: c for c, t in enumerate(tuples)}
+        self.axis_index = {a: j for j, a in enumerate(mesh.names)}
+        # next_code[code, axis]: the code after appending the axis (-1 where it is already there)
+        self.next_code = np.array([[code_of.get(t + (a,), -1) for a in mesh.names] for t in tuples], dtype=np.int64)
+        owners: dict[tuple, int] = {}
+        self.owner = np.array([owners.setdefault(ic.owner[:2], len(owners)) for ic in nda.iclasses], dtype=np.int64)
+        self.size = np.array([ic.size for ic in nda.iclasses], dtype=np.int64)
+        self.base_codes = np.array([code_of[a] for a in base.axes], dtype=np.int64)
+        self.base_held = np.array([mesh.group_size(a) for a in base.axes], dtype=np.int64)
+        self.base_owner_mask = np.zeros(len(owners), dtype=np.int64)
+        for k, a in enumerate(base.axes):
+            for axis in a:
+                self.base_owner_mask[self.owner[k]] |= 1 << self.axis_index[axis]
+        shardable = np.array([ic.shardable for ic in nda.iclasses], dtype=bool)
+        self.allowed = {a: shardable.copy() for a in space.axes}  # not unshardable, not kept whole
+        for k, a in space.base_plan.replicated:
+            if a in self.allowed:
+                self.allowed[a][k] = False
+        fixed = dict(space.base_plan.resolutions)
+        self.fixed_desel = np.zeros(len(nda.iclasses), dtype=bool)
+        for cls in range(len(nda.resolution_classes)):
+            if cls not in space.free_classes:
+                self.fixed_desel[sorted(nda.resolutions(cls)[fixed.get(cls, 0)])] = True
+        self.class_desel = {cls: tuple(np.array(sorted(side), dtype=np.int64) for side in nda.resolutions(cls))
+                            for cls in space.free_classes}
+        self.color_members = [np.array(m, dtype=np.int64) for m in nda.color_iclasses]
+        rank = {c: r for r, c in enumerate(space.priority)}
+        self.group_colors = [sorted(colors, key=rank.__getitem__) for colors in space.groups]
+        self.rank = rank
+
+    def __call__(self, point: Point) -> np.ndarray:
+        codes, held, owner_mask = self.base_codes.copy(), self.base_held.copy(), self.base_owner_mask.copy()
+        desel = self.fixed_desel.copy()
+        bits = dict(point.bits)
+        for cls, sides in self.class_desel.items():
+            desel[sides[bits.get(cls, 0)]] = True
+        mesh = self.space.mesh
+        for axis in self.space.axes:
+            colors = sorted((c for g, a in point.sharded if a == axis for c in self.group_colors[g]),
+                            key=self.rank.__getitem__)
+            bit, size, j = 1 << self.axis_index[axis], mesh.size(axis), self.axis_index[axis]
+            allowed = self.allowed[axis]
+            for c in colors:
+                ks = self.color_members[c]
+                ok = allowed[ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
+                    & (self.size[ks] % (held[ks] * size) == 0)
+                cand = ks[ok]
+                if not len(cand):
+                    continue
+                _, first = np.unique(self.owner[cand], return_index=True)
+                take = cand[first]
+                codes[take] = self.next_code[codes[take], j]
+                held[take] *= size
+                owner_mask[self.owner[take]] |= bit
+        return codes
 
 
 def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:

@@ -145,8 +145,9 @@ class AutoSpec(_Strict):
     axes: list[str] = Field(min_length=1)
     solver: Literal["cpsat", "mcts"] = "cpsat"
     time_limit: float = Field(default=60.0, gt=0)  # seconds
-    workers: int = Field(default=1, ge=1)
+    workers: int = Field(default=1, ge=1)  # CP-SAT
     seed: int = 0
+    iterations: int = Field(default=200, ge=1)  # MCTS trajectories
 
 
 class TacticSpec(_Strict):
@@ -180,7 +181,7 @@ class TacticSpec(_Strict):
         if self.resolve is not None:
             return Resolve(tuple(sorted(self.resolve.items())))
         a = self.auto
-        return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed)
+        return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations)
 
 
 def _link_choice(value: Any, info: ValidationInfo) -> Any:

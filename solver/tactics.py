@@ -62,8 +62,9 @@ class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
     time_limit_s: float = 60.0
-    workers: int = 1
+    workers: int = 1  # CP-SAT
     seed: int = 0
+    iterations: int = 200  # MCTS trajectories
 
 
 Tactic = Manual | Replicate | Resolve | Auto

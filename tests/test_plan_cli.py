@@ -100,5 +100,5 @@ def test_schedule_naming_an_unknown_dimension(capsys, tmp_path):
 def test_spec_without_schedule_needs_a_solver(capsys, tmp_path):
     code, _, err = shardplan(capsys, "plan", write_spec(tmp_path, ""))
     assert code == cli.EXIT_INPUT_ERROR and "no schedule: add tactics" in err
-    code, _, err = shardplan(capsys, "plan", write_spec(tmp_path, ""), "--solver", "mcts")
-    assert code == cli.EXIT_INPUT_ERROR and "not implemented yet" in err and "mcts" in err
+    code, out, err = shardplan(capsys, "plan", write_spec(tmp_path, ""), "--solver", "mcts", "--iterations", "20")
+    assert code == 0 and "search (mcts on " in out, err

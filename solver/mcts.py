@@ -1,0 +1,402 @@
+"""TOAST's Monte-Carlo Tree Search (section 4 of the paper) over an auto
+tactic's search space (`solver.space`), priced by the shared cost table.
+
+Actions. An action is (color group, resolution of the group's conflicts,
+mesh axis): shard every color of the group along the axis, and fix the bit
+of each free resolution class whose conflicts lie in those colors (one
+action per combination of bits, for at most `_RESOLVED_CLASSES` classes;
+classes beyond that stay free for a later action). Groups are the space's:
+colors of repeated layers' parameter groups are one group, so one action
+mirrors the decision across the layers. Actions are precomputed once from
+the NDA; those touching fewer than `min_dims` dimension names are dropped
+(TOAST's pruning: they cannot matter to the step time). In a state, an
+action is invalid if its (group, axis) is already set, if it contradicts a
+bit fixed earlier, or if it leaves the factor sharding unchanged (every
+I-class it would shard is taken, deselected or indivisible). A stop action
+ends the trajectory; trajectories are at most `max_depth` actions long.
+
+States. A state is the space's `Point` (the (group, axis) pairs set and the
+bits fixed so far). Its plan appends whole-color decisions in the space's
+fixed priority order, so the factor sharding does not depend on the order
+in which actions were taken. The transposition table is keyed by the
+canonical state: the factor sharding (as codes) and the fixed bits. Action
+orders that reach the same sharding share one node and its statistics; the
+tree is a DAG.
+
+Search. Trajectories run in rounds of `round_iterations`. Each trajectory
+selects by UCT from the round's root through expanded nodes, expands one
+untried action, completes the trajectory and prices its final state.
+Selection maximises
+
+    best reward below + exploration * sqrt(ln N(parent) / N(child))
+                      + length_bonus * (1 - mean trajectory length / max_depth)
+
+(the last term: TOAST's preference for shorter trajectories, i.e. simpler
+plans of equal cost). The reward is C* / C(s), where C(s) = RT(s) + MP(s)
+is TOAST's relative cost (`costmodel.evaluate.Assessment.relative_cost`)
+and C* the ideal step time's RT, so rewards lie in (0, 1]. After a round
+the best found is applied: the root's child on the way to the best state
+becomes the next round's root. The search stops when a round brings no
+improvement, or when the budget (trajectories, seconds) is spent. "Best"
+is lexicographic: plans that fit memory first, then C(s).
+
+Departures, measured on Gemma-2B (`specs/gemma_2b.yaml`, 5 seeds, against
+CP-SAT's optimum): trajectories completed by uniformly random actions
+ended 7-27% slower than the optimum (mean reward) and the node values
+averaged mostly bad completions. Here a node's value is the best reward
+below it (optimisation, not a game), and the trajectory is completed by
+steepest descent on the cost (a "heavy playout": take the action whose
+state is cheapest while it improves, then stop); the tree decides where
+descents start. Megatron needs four colors on the model axis whose subsets
+are worse than sequence sharding, which random completions rarely sample
+and a descent from the right start finds. With it every seed reached the
+optimum. Applying the best *state* as the next root (rather than its
+first action) trapped later rounds in a local optimum, since actions only
+add shardings.
+
+Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
+state's codes (`SearchSpace.codes`): no IR is built until the end, when the
+best plan is materialized once. Prices are memoized per factor sharding.
+
+Determinism: one `random.Random(seed)` drives every choice, and iteration
+orders are fixed, so the same inputs and budget give the same plan. The
+time limit is a backstop; a search it cuts short may differ run to run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.table import CostTable
+from ir.core import IRError
+from solver.search import SILENT, AutoResult, Progress, no_fit_message
+from solver.space import Point, SearchSpace
+
+# An action fixes the bits of at most this many resolution classes (2**this variants).
+_RESOLVED_CLASSES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class MctsOptions:
+    iterations: int = 200  # trajectories, in all rounds
+    time_limit_s: float = 60.0  # a backstop (see the module docstring on determinism)
+    seed: int = 0
+    round_iterations: int = 100
+    max_depth: int = 30
+    min_dims: int = 10
+    exploration: float = 0.1
+    length_bonus: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "round_iterations", "max_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MctsOptions.{name} must be at least 1, got {getattr(self, name)}")
+        if self.time_limit_s <= 0:
+            raise ValueError(f"MctsOptions.time_limit_s must be positive, got {self.time_limit_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """Shard the colors of `group` along `axis`, fixing the resolution `bits` (class, bit)."""
+
+    group: int
+    axis: str
+    bits: tuple[tuple[int, int], ...]
+
+
+STOP = None  # the stop action
+
+
+@dataclass(frozen=True, slots=True)
+class MctsReport:
+    """What the MCTS says about its answer (a `search` object of `shardplan plan --json`)."""
+
+    solver: str
+    axes: tuple[str, ...]
+    status: str  # feasible (a plan that fits was found) | unknown (none was)
+    objective_s: float | None  # the plan's step time (cost table)
+    relative_cost: float | None  # its C(s)
+    solve_s: float
+    build_s: float
+    iterations: int  # trajectories run
+    rounds: int
+    evaluations: int  # distinct factor shardings priced
+    states: int  # nodes of the transposition table
+    merged: int  # expansions that reached an existing node (another action order)
+    actions: int  # after pruning
+    pruned: int  # actions dropped for touching fewer than min_dims dimensions
+    space: int  # decision variables: (group, axis) pairs and free resolution bits
+    smallest_peak_bytes: int | None
+    stopped_by: str  # no-improvement | iterations | time-limit
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) if f != "axes" else list(self.axes) for f in self.__slots__}
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    point: Point
+    codes: np.ndarray
+    depth: int
+    untried: list  # actions (and STOP) not yet expanded, in the order they will be
+    children: dict = field(default_factory=dict)  # action -> _Node
+    visits: int = 0
+    length_sum: float = 0.0
+    stop_visits: int = 0
+    reward_max: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    relative_cost: float
+    cost: Cost
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        return (not self.cost.fits, self.relative_cost)
+
+
+class _Mcts:
+    def __init__(self, space: SearchSpace, table: CostTable, options: MctsOptions, progress: Progress) -> None:
+        if space.mesh != table.mesh:
+            raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
+        self.space, self.table, self.options, self.progress = space, table, options, progress
+        self.rng = random.Random(options.seed)
+        self.actions, self.pruned = _actions(space, options.min_dims)
+        fn, hardware = table.fn, table.hardware
+        self.baseline = evaluate(fn, hardware)
+        self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
+        self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
+        self.nodes: dict[tuple, _Node] = {}
+        self.prices: dict[bytes, _Priced] = {}
+        self.codes_of: dict[Point, np.ndarray] = {}
+        self.merged = 0
+        self.best: tuple[_Priced, Point, np.ndarray] | None = None
+        self.smallest: tuple[int, Point, np.ndarray] | None = None
+
+    # ------------------------------------------------------------ states
+
+    def codes(self, point: Point) -> np.ndarray:
+        codes = self.codes_of.get(point)
+        if codes is None:
+            codes = self.codes_of[point] = self.space.codes(point)
+        return codes
+
+    def node(self, point: Point, codes: np.ndarray) -> _Node:
+        key = (codes.tobytes(), point.bits)
+        node = self.nodes.get(key)
+        if node is None:
+            untried: list = [a for a in self.actions if _valid(point, a)] + [STOP]
+            self.rng.shuffle(untried)
+            node = self.nodes[key] = _Node(point, codes, len(point.sharded), untried)
+        return node
+
+    def child(self, point: Point, codes: np.ndarray, action: Action) -> tuple[Point, np.ndarray] | None:
+        """The state after a statically valid action, or None if it changes nothing."""
+        bits = dict(point.bits)
+        bits.update(action.bits)
+        child = Point(point.sharded | {(action.group, action.axis)}, tuple(sorted(bits.items())))
+        child_codes = self.codes(child)
+        if np.array_equal(child_codes, codes):
+            return None
+        return child, child_codes
+
+    def price(self, point: Point, codes: np.ndarray) -> _Priced:
+        key = codes.tobytes()
+        priced = self.prices.get(key)
+        if priced is None:
+            cost = self.table.evaluate(codes)
+            relative = Assessment(cost, self.baseline, self.ideal_s).relative_cost
+            priced = self.prices[key] = _Priced(relative, cost)
+            if self.best is None or priced.rank < self.best[0].rank:
+                self.best = (priced, point, codes)
+            if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
+                self.smallest = (cost.peak_memory_bytes, point, codes)
+        return priced
+
+    # ------------------------------------------------------------ one trajectory
+
+    def trajectory(self, root: _Node) -> None:
+        path, node, stopped = [root], root, False
+        while node.depth < self.options.max_depth:
+            action, child, expanded = self.select(node)
+            if action is STOP:
+                stopped = True
+                break
+            if child is None:  # no valid action left: the state is final
+                break
+            path.append(child)
+            node = child
+            if expanded:
+                break
+        point, codes = (node.point, node.codes) if stopped else self.rollout(node)
+        reward = self.ideal_relative / max(self.price(point, codes).relative_cost, 1e-300)
+        length = len(point.sharded)
+        for n in path:
+            n.visits += 1
+            n.reward_max = max(n.reward_max, reward)
+            n.length_sum += length
+        if stopped:
+            node.stop_visits += 1
+
+    def select(self, node: _Node) -> tuple[Any, _Node | None, bool]:
+        """Expand the next untried action of `node`, or choose by UCT among the tried ones."""
+        while node.untried:
+            action = node.untried.pop()
+            if action is STOP:
+                return STOP, None, True
+            after = self.child(node.point, node.codes, action)
+            if after is None:
+                continue
+            before = len(self.nodes)
+            child = self.node(*after)
+            self.merged += len(self.nodes) == before
+            node.children[action] = child
+            return action, child, True
+        o = self.options
+        log_n = math.log(max(node.visits, 1))
+
+        def score(visits: int, reward_max: float, length_sum: float) -> float:
+            if visits == 0:
+                return math.inf
+            return (reward_max + o.exploration * math.sqrt(log_n / visits)
+                    + o.length_bonus * (1 - length_sum / visits / o.max_depth))
+
+        stop_reward = self.ideal_relative / self.price(node.point, node.codes).relative_cost
+        best: tuple[float, Any] = (score(node.stop_visits, stop_reward, node.stop_visits * node.depth), STOP)
+        for action, child in node.children.items():
+            s = score(child.visits, child.reward_max, child.length_sum)
+            if s > best[0]:
+                best = (s, action)
+        if best[1] is STOP:
+            return STOP, None, False
+        return best[1], node.children[best[1]], False
+
+    def rollout(self, node: _Node) -> tuple[Point, np.ndarray]:
+        """Complete the trajectory by steepest descent: take the valid action
+        whose state is cheapest while that improves on the current state, then
+        stop (module docstring: why not uniformly random actions)."""
+        point, codes = node.point, node.codes
+        best = self.price(point, codes).rank
+        while len(point.sharded) < self.options.max_depth:
+            found = None
+            for action in self.actions:
+                after = self.child(point, codes, action) if _valid(point, action) else None
+                if after is not None:
+                    rank = self.price(*after).rank
+                    if rank < best:
+                        best, found = rank, after
+            if found is None:
+                break
+            point, codes = found
+        return point, codes
+
+    # ------------------------------------------------------------ rounds
+
+    def run(self) -> tuple[int, int, str]:
+        o, start = self.options, time.perf_counter()
+        root = self.node(Point(frozenset(), ()), self.codes(Point(frozenset(), ())))
+        self.price(root.point, root.codes)
+        done = rounds = 0
+        stopped_by = "iterations"
+        while done < o.iterations:
+            at_start = self.best[0].rank
+            for _ in range(min(o.round_iterations, o.iterations - done)):
+                self.trajectory(root)
+                done += 1
+                elapsed = time.perf_counter() - start
+                if elapsed > o.time_limit_s:
+                    stopped_by = "time-limit"
+                    break
+                self.progress.update(self._status(rounds, done, elapsed))
+            rounds += 1
+            if stopped_by == "time-limit":
+                break
+            if not self.best[0].rank < at_start:
+                stopped_by = "no-improvement"
+                break
+            # Commit to the root's child that leads to the best state found (not to that state itself:
+            # later rounds could then only add to a local optimum).
+            stop_reward = self.ideal_relative / self.price(root.point, root.codes).relative_cost
+            best_child = max(root.children.values(), key=lambda c: (c.reward_max, c.visits), default=None)
+            if best_child is None or best_child.reward_max <= stop_reward:
+                stopped_by = "no-improvement"
+                break
+            root = best_child
+        return done, rounds, stopped_by
+
+    def _status(self, rounds: int, done: int, elapsed: float) -> str:
+        priced = self.best[0]
+        fits = "fits" if priced.cost.fits else "does not fit"
+        return (f"mcts: round {rounds + 1}, {done}/{self.options.iterations} trajectories, "
+                f"best step time {priced.cost.step_time_s:.4g} s ({fits}), {elapsed:.1f} s")
+
+
+def _actions(space: SearchSpace, min_dims: int) -> tuple[list[Action], int]:
+    """Every action of the space, and how many were pruned (module docstring)."""
+    nda = space.nda
+    touching: dict[int, list[int]] = {g: [] for g in range(len(space.groups))}
+    for cls in space.free_classes:
+        colors = {nda.iclasses[k].color for side in nda.resolutions(cls) for k in side}
+        for g in sorted({space.group_of[c] for c in colors}):
+            touching[g].append(cls)
+    actions, pruned = [], 0
+    for g, axis in space.variables:
+        classes = touching[g][:_RESOLVED_CLASSES]
+        variants = [tuple(zip(classes, bits)) for bits in itertools.product((0, 1), repeat=len(classes))]
+        if sum(nda.color_names[c] for c in space.groups[g]) < min_dims:
+            pruned += len(variants)
+            continue
+        actions += [Action(g, axis, bits) for bits in variants]
+    return actions, pruned
+
+
+def _valid(point: Point, action: Action) -> bool:
+    """Statically valid: the (group, axis) is not set yet and the bits agree with the fixed ones."""
+    if (action.group, action.axis) in point.sharded:
+        return False
+    fixed = dict(point.bits)
+    return all(fixed.get(c, b) == b for c, b in action.bits)
+
+
+def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = None,
+          progress: Progress = SILENT) -> AutoResult:
+    """The best plan the search finds (module docstring); plan None if none fits memory."""
+    options = options or MctsOptions()
+    start = time.perf_counter()
+    search = _Mcts(space, table, options, progress)
+    build_s = time.perf_counter() - start
+    done, rounds, stopped_by = search.run()
+    solve_s = time.perf_counter() - start - build_s
+    priced, point, codes = search.best
+    common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
+                  evaluations=len(search.prices), states=len(search.nodes), merged=search.merged,
+                  actions=len(search.actions), pruned=search.pruned,
+                  space=len(space.variables) + len(space.free_classes),
+                  smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by)
+    tried = f"in {done} trajectories ({len(search.prices)} plans priced)"
+    if priced.cost.fits:
+        plan = space.plan(point)
+        sharding = plan.materialize(space.nda)
+        message = (f"best of {done} trajectories in {rounds} rounds ({len(search.prices)} plans priced, "
+                   f"stopped by {stopped_by}): step time {priced.cost.step_time_s:.6g} s")
+        report = MctsReport(status="feasible", objective_s=priced.cost.step_time_s,
+                            relative_cost=priced.relative_cost, message=message, **common)
+        return AutoResult(plan, sharding, priced.cost, report)
+    _, small_point, _ = search.smallest
+    smallest = (search.smallest[0], space.plan(small_point).materialize(space.nda))
+    message = no_fit_message(space, table, smallest, False, tried)
+    report = MctsReport(status="unknown", objective_s=None, relative_cost=None, message=message, **common)
+    return AutoResult(None, None, None, report)
+
+
+__all__ = ["Action", "MctsOptions", "MctsReport", "STOP", "solve"]

@@ -1,0 +1,223 @@
+"""The MCTS backend: reproducible, reaches the brute-force optimum of small
+spaces, its plans execute correctly, its transposition table merges action
+orders, and it is reachable from the planner and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from spmd_check import assert_lowering_matches
+from test_cpsat import CASES, brute_force, setup, slow_hardware, write_spec
+
+from costmodel.evaluate import evaluate
+from ir.core import Mesh
+from ir.lower import lower
+from solver import mcts
+from solver.mcts import MctsOptions, solve
+from solver.search import SILENT
+from solver.space import Point
+
+
+@pytest.mark.parametrize("name,kwargs,mesh,step", CASES[:4], ids=lambda v: str(v) if isinstance(v, Mesh) else None)
+def test_reaches_the_brute_force_optimum_and_prices_like_the_cost_model(name, kwargs, mesh, step):
+    model, nda, table, space = setup(name, kwargs, mesh, step=step)
+    result = solve(space, table, MctsOptions(iterations=400, seed=0))
+    assert result.report.status == "feasible"
+    assert result.cost.step_time_s == pytest.approx(brute_force(space, table), rel=1e-12)
+    lowered = evaluate(lower(model.function, nda, result.sharding).function, table.hardware)
+    assert result.report.objective_s == pytest.approx(lowered.step_time_s, rel=1e-9)
+    assert result.sharding == result.plan.materialize(nda)
+
+
+@pytest.mark.parametrize("name,kwargs,mesh", [
+    ("mlp", dict(batch=512, d_in=8, hidden=8, d_out=8), Mesh.of(x=4)),
+    ("mlp", dict(batch=2, d_in=64, hidden=128, d_out=64), Mesh.of(batch=2, model=2)),
+    ("deep_mlp", dict(layers=4, d_model=64, batch=512), Mesh.of(x=4)),
+    ("transformer", dict(layers=1), Mesh.of(batch=2, model=2)),
+], ids=["mlp-bp", "mlp-2d", "deep-mlp", "transformer-2d"])
+def test_returned_plans_execute_correctly(name, kwargs, mesh):
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
+    result = solve(space, table, MctsOptions(iterations=300, min_dims=0))
+    lowered = lower(model.function, nda, result.sharding)
+    assert any(op.kind.startswith("all_") or op.kind == "reduce_scatter" for op in lowered.function.ops)
+    assert_lowering_matches(model, lowered)
+
+
+def test_same_seed_same_plan():
+    model, nda, table, space = setup("transformer", dict(layers=2), Mesh.of(batch=2, model=2), slow_hardware(
+        Mesh.of(batch=2, model=2)))
+    runs = [solve(space, table, MctsOptions(iterations=150, round_iterations=50, seed=5)) for _ in range(2)]
+    assert runs[0].plan == runs[1].plan
+    first, again = (r.report.to_json() for r in runs)
+    for field in ("evaluations", "states", "merged", "iterations", "rounds", "objective_s"):
+        assert first[field] == again[field]
+
+
+def test_transposition_table_merges_permuted_action_orders():
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))
+    search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+    root_point = Point(frozenset(), ())
+    root = search.node(root_point, search.codes(root_point))
+    # Two actions on different axes that both change the sharding, from the root and from each other.
+    a = next(x for x in search.actions if search.child(root.point, root.codes, x))
+    b = next(x for x in search.actions if x.axis != a.axis and x.group != a.group
+             and search.child(root.point, root.codes, x)
+             and search.child(*search.child(root.point, root.codes, a), x))
+    after_a = search.node(*search.child(root.point, root.codes, a))
+    after_b = search.node(*search.child(root.point, root.codes, b))
+    ab = search.node(*search.child(after_a.point, after_a.codes, b))
+    count = len(search.nodes)
+    ba = search.node(*search.child(after_b.point, after_b.codes, a))
+    assert ab is ba and len(search.nodes) == count  # one state, one node: shared statistics
+    # A whole search reaches states by several orders and says so.
+    result = solve(space, table, MctsOptions(iterations=200, min_dims=0))
+    assert result.report.merged > 0 and result.report.states < result.report.iterations + 1
+
+
+def test_actions_are_pruned_and_no_op_actions_are_invalid():
+    mesh = Mesh.of(x=4)
+    model, nda, table, space = setup("mlp", dict(batch=8, d_in=8, hidden=8, d_out=8), mesh, slow_hardware(mesh))
+    everything = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+    assert everything.pruned == 0 and len(everything.actions) >= len(space.variables)
+    sizes = sorted(sum(nda.color_names[c] for c in space.groups[g]) for g, _ in space.variables)
+    threshold = sizes[len(sizes) // 2]
+    some = mcts._Mcts(space, table, MctsOptions(min_dims=threshold), SILENT)
+    assert 0 < some.pruned < len(everything.actions)
+    assert all(sum(nda.color_names[c] for c in space.groups[a.group]) >= threshold for a in some.actions)
+    # With every action pruned, the only plan is the earlier tactics' (here: replicated).
+    none = solve(space, table, MctsOptions(min_dims=10**9, iterations=20))
+    assert none.report.actions == 0 and not any(none.sharding.axes)
+    # An action whose color is already taken on its axis changes nothing: it is not a child.
+    point = Point(frozenset(), ())
+    codes = everything.codes(point)
+    for action in everything.actions:
+        after = everything.child(point, codes, action)
+        if after is not None:
+            again = everything.child(after[0], after[1], action)  # the same (group, axis) twice
+            assert again is None or not np.array_equal(again[1], after[1])
+
+
+def test_no_plan_fits_is_said_plainly():
+    mesh = Mesh.of(x=4)
+    model, nda, table, space = setup("mlp", dict(batch=512, d_in=32, hidden=32, d_out=32), mesh,
+                                     slow_hardware(mesh, memory="100KB"))
+    result = solve(space, table, MctsOptions(iterations=100))
+    assert result.plan is None and result.report.status == "unknown"
+    assert result.report.message.startswith("no plan that fits was found in ")
+    assert "the smallest peak found is" in result.report.message
+
+
+def test_finds_zero3_when_the_replicated_model_does_not_fit():
+    mesh = Mesh.of(x=4)
+    kwargs = dict(layers=4, d_model=64, batch=512)
+    model, nda, table, space = setup("deep_mlp", kwargs, mesh, slow_hardware(mesh, memory="450KB"))
+    result = solve(space, table, MctsOptions(iterations=600))
+    assert result.cost.fits
+    assert result.cost.step_time_s == pytest.approx(brute_force(space, table), rel=1e-12)
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="iterations must be at least 1"):
+        MctsOptions(iterations=0)
+    with pytest.raises(ValueError, match="time_limit_s must be positive"):
+        MctsOptions(time_limit_s=0)
+
+
+def test_cli_plan_with_mcts_and_auto_tactic(capsys, tmp_path):
+    from conftest import shardplan
+
+    spec = write_spec(tmp_path, "hardware: A100-80GB\nschedule:\n  - manual: {axis: batch, values: {x: 0}}\n")
+    code, out, err = shardplan(capsys, "plan", str(spec), "--solver", "mcts", "--json", "--iterations", "200")
+    assert code == 0, err
+    report = json.loads(out)
+    (search,) = report["search"]
+    assert search["solver"] == "mcts" and search["status"] == "feasible" and search["iterations"] <= 200
+    assert search["objective_s"] == pytest.approx(report["cost"]["step_time_s"], rel=1e-9)
+    code, out, _ = shardplan(capsys, "plan", str(spec), "--solver", "mcts", "--iterations", "50")
+    assert code == 0 and "search (mcts on batch, model): best of " in out
+    spec = write_spec(tmp_path, "hardware: A100-80GB\nschedule:\n  - manual: {axis: batch, values: {x: 0}}\n"
+                      "  - auto: {axes: [model], solver: mcts, iterations: 100, seed: 2}\n")
+    code, out, err = shardplan(capsys, "plan", str(spec), "--json")
+    assert code == 0, err
+    (search,) = json.loads(out)["search"]
+    assert search["solver"] == "mcts" and search["axes"] == ["model"] and search["iterations"] <= 100
+
+
+class FakeTerminal:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "mcts"])
+def test_progress_line_on_a_terminal_only(backend):
+    from solver import cpsat
+    from solver.search import Progress
+
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))
+    shown = {}
+    for tty in (True, False):
+        stream = FakeTerminal(tty)
+        progress = Progress(stream, interval_s=0.0)
+        if backend == "mcts":
+            plan = solve(space, table, MctsOptions(iterations=50), progress).plan
+        else:
+            plan = cpsat.solve(space, table, cpsat.CpSatOptions(time_limit_s=30), progress=progress).plan
+        progress.clear()
+        shown[tty] = (stream.text, plan)
+    text, plan = shown[True]
+    assert text.startswith(f"\r{backend}: ") and "best step time" in text and text.endswith("\r")
+    assert "\n" not in text  # one line, rewritten in place
+    assert shown[False] == ("", plan)  # silent when not a terminal, and the search is the same
+    quiet = FakeTerminal(True)
+    Progress(quiet, enabled=False).update("x")
+    assert quiet.text == ""
+
+
+def test_cli_compare(capsys, tmp_path):
+    from conftest import shardplan
+
+    spec = write_spec(tmp_path, "hardware: A100-80GB\nschedule:\n  - manual: {axis: batch, values: {x: 0}}\n")
+    code, out, err = shardplan(capsys, "compare", str(spec), "--json", "--budget", "20", "--iterations", "200")
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report) == {"cpsat", "mcts"}
+    for solver, r in report.items():
+        assert r["solver"] == solver and r["search"][0]["solver"] == solver
+        assert set(r["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice"}
+    # CP-SAT is exact on this space: the MCTS plan is never faster.
+    assert report["cpsat"]["cost"]["step_time_s"] <= report["mcts"]["cost"]["step_time_s"] * (1 + 1e-9)
+    code, out, err = shardplan(capsys, "compare", str(spec), "--budget", "20", "--iterations", "200", "--quiet")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].endswith("CP-SAT against MCTS on the same cost model")
+    header = lines[2].split()
+    assert header == ["CP-SAT", "MCTS"]
+    for row in ("estimated step time", "efficiency", "peak memory", "fits", "all_reduce", "search time", "status"):
+        assert any(line.startswith(row) for line in lines), row
+    assert lines[-1].startswith(("same estimated step time", "CP-SAT's plan is faster", "MCTS's plan is faster"))
+
+
+def test_cli_compare_when_nothing_fits(capsys, tmp_path):
+    from conftest import shardplan
+
+    spec = write_spec(tmp_path, "hardware: {device: {name: tiny, peak_flops: {f32: 1TFLOP/s}, memory: 10KB, "
+                      "memory_bandwidth: 1TB/s}, links: {batch: {kind: nvlink, bandwidth: 1GB/s, latency: 1us}, "
+                      "model: {kind: nvlink, bandwidth: 1GB/s, latency: 1us}}}\n")
+    code, out, _ = shardplan(capsys, "compare", str(spec), "--iterations", "50")
+    assert code == 3
+    assert "CP-SAT: no plan: schedule.0.auto: no plan fits" in out
+    assert "MCTS: no plan: schedule.0.auto: no plan that fits was found" in out
+    assert out.rstrip().endswith("neither backend found a plan")
