@@ -61,7 +61,7 @@ from ortools.sat.python import cp_model
 from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import flowing_partial
-from solver.search import SILENT, AutoResult, Progress, no_fit_message
+from solver.search import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.space import FREE, Point, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
@@ -100,7 +100,7 @@ class SolveReport:
     message: str
 
     def to_json(self) -> dict[str, Any]:
-        return {f: getattr(self, f) if f != "axes" else list(self.axes) for f in self.__slots__}
+        return report_json(self)
 
 
 @dataclass(frozen=True, slots=True)

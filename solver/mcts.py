@@ -77,7 +77,7 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
-from solver.search import SILENT, AutoResult, Progress, no_fit_message
+from solver.search import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.space import Point, SearchSpace
 
 # An action fixes the bits of at most this many resolution classes (2**this variants).
@@ -139,7 +139,7 @@ class MctsReport:
     message: str
 
     def to_json(self) -> dict[str, Any]:
-        return {f: getattr(self, f) if f != "axes" else list(self.axes) for f in self.__slots__}
+        return report_json(self)
 
 
 @dataclass(slots=True, eq=False)

@@ -30,6 +30,11 @@ class AutoResult:
     report: Any
 
 
+def report_json(report: Any) -> dict[str, Any]:
+    """A backend's report (a slotted dataclass) as its `search[]` JSON object."""
+    return {f: list(v) if isinstance(v := getattr(report, f), tuple) else v for f in report.__slots__}
+
+
 class NoPlanFits(IRError):
     """No plan of the space fits the devices' memory (or none was found in time)."""
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from spmd_check import assert_lowering_matches
-from test_cpsat import CASES, brute_force, setup, slow_hardware, write_spec
+from test_cpsat import CASES, EXECUTION_CASES, EXECUTION_IDS, brute_force, setup, slow_hardware, write_spec
 
 from costmodel.evaluate import evaluate
 from ir.core import Mesh
@@ -31,12 +31,7 @@ def test_reaches_the_brute_force_optimum_and_prices_like_the_cost_model(name, kw
     assert result.sharding == result.plan.materialize(nda)
 
 
-@pytest.mark.parametrize("name,kwargs,mesh", [
-    ("mlp", dict(batch=512, d_in=8, hidden=8, d_out=8), Mesh.of(x=4)),
-    ("mlp", dict(batch=2, d_in=64, hidden=128, d_out=64), Mesh.of(batch=2, model=2)),
-    ("deep_mlp", dict(layers=4, d_model=64, batch=512), Mesh.of(x=4)),
-    ("transformer", dict(layers=1), Mesh.of(batch=2, model=2)),
-], ids=["mlp-bp", "mlp-2d", "deep-mlp", "transformer-2d"])
+@pytest.mark.parametrize("name,kwargs,mesh", EXECUTION_CASES, ids=EXECUTION_IDS)
 def test_returned_plans_execute_correctly(name, kwargs, mesh):
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
     result = solve(space, table, MctsOptions(iterations=300, min_dims=0))
