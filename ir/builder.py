@@ -23,6 +23,7 @@ import numpy as np
 
 from ir import ops
 from ir.core import FLOAT_DTYPES, Function, IRError, Mesh, Op, TensorType, Value, check_name, verify
+from ir.opset.convolution import explicit_padding
 
 Operand = Value | int | float
 
@@ -242,6 +243,28 @@ class Builder:
                              [[sa.index(c) for c in batch], [sb.index(c) for c in batch]],
                              name if in_order else None)
         return y if in_order else self.transpose(y, [order.index(c) for c in out], name)
+
+    # ------------------------------------------------------ convolution
+
+    def conv2d(self, x: Value, w: Value, stride: Sequence[int] = (1, 1),
+               padding: str | Sequence[Sequence[int]] = "SAME", name: str | None = None) -> Value:
+        """2-D convolution of x [n, h, w, c] by w [kh, kw, c, o]: `padding` is
+        "SAME" (output ceil(size / stride)), "VALID" (none) or [[top, bottom],
+        [left, right]]."""
+        pairs = explicit_padding(padding, x.type.shape[1:3], w.type.shape[:2], stride)
+        return self.op("convolution", [x, w], name, stride=list(stride), padding=[list(p) for p in pairs])
+
+    def conv_input_grad(self, g: Value, w: Value, input_spatial: Sequence[int], stride: Sequence[int] = (1, 1),
+                        padding: Sequence[Sequence[int]] = ((0, 0), (0, 0)), name: str | None = None) -> Value:
+        """The convolution's transpose in x: g [n, ho, wo, o] -> [n, h, w, c], (h, w) = `input_spatial`."""
+        return self.op("conv_input_grad", [g, w], name, stride=list(stride), padding=[list(p) for p in padding],
+                       input_spatial=list(input_spatial))
+
+    def conv_kernel_grad(self, x: Value, g: Value, kernel_spatial: Sequence[int], stride: Sequence[int] = (1, 1),
+                         padding: Sequence[Sequence[int]] = ((0, 0), (0, 0)), name: str | None = None) -> Value:
+        """The convolution's transpose in w: x, g [n, ho, wo, o] -> [kh, kw, c, o], (kh, kw) = `kernel_spatial`."""
+        return self.op("conv_kernel_grad", [x, g], name, stride=list(stride), padding=[list(p) for p in padding],
+                       kernel_spatial=list(kernel_spatial))
 
     # --------------------------------------------------------- reductions
 

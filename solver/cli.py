@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
@@ -25,6 +26,7 @@ from ir.text import parse_file
 
 EXIT_INPUT_ERROR = 1
 EXIT_NO_PLAN = 3  # compare: a backend returned no plan (the report says why)
+EXIT_CHECK_FAILED = 4  # check: a schedule did not produce what its spec expects
 EXIT_INTERNAL_ERROR = 70
 # `run` is a semantics check on small shapes; refuse values that would not fit
 # comfortably in this machine's memory rather than die in numpy.
@@ -126,7 +128,7 @@ def _planned(args: argparse.Namespace):
 
     overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations)
     return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
-                     _progress(args))
+                     _progress(args), args.schedule)
 
 
 def _progress(args: argparse.Namespace):
@@ -162,12 +164,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations)
-    report = compare(spec, overrides, _progress(args))
+    report = compare(spec, overrides, _progress(args), args.schedule)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(format_compare(report, spec.source), end="")
     return EXIT_NO_PLAN if any("error" in report[s] for s in BACKENDS) else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from solver.check import check, check_report, format_check
+
+    start = time.perf_counter()
+    results = check(args.specs)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(check_report(results, seconds), indent=2))
+    else:
+        print(format_check(results, seconds), end="")
+    if any(r.error is not None for r in results):
+        return EXIT_INPUT_ERROR
+    return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -223,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
         p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
+        _schedule_argument(p)
         p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
                        help="none (default): run the schedule as written; cpsat or mcts: run its auto tactics "
                        "with that backend or, if it has none, search every mesh axis (the schedule becomes "
@@ -242,12 +260,26 @@ def build_parser() -> argparse.ArgumentParser:
     summary = "plan the spec with CP-SAT and with MCTS on the same cost model and compare the plans"
     p = sub.add_parser("compare", help=summary, description=summary[0].upper() + summary[1:] + ".")
     p.add_argument("spec", help="YAML spec, e.g. specs/transformer.yaml")
+    _schedule_argument(p)
     p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                    help="time limit of each backend on each auto tactic (default: the spec's, else 60)")
     _search_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (README)")
     p.set_defaults(func=cmd_compare)
+
+    summary = "check that each spec's named schedules produce the collective counts and memory fit they expect"
+    p = sub.add_parser("check", help=summary, description=summary[0].upper() + summary[1:] + ". Exit 0 when "
+                       "all do, 4 when one does not, 1 when a spec cannot be read or planned.")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files or directories of them, e.g. specs/")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.set_defaults(func=cmd_check)
     return parser
+
+
+def _schedule_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", metavar="NAME",
+                   help="a named schedule of the spec (under schedules:); default: the spec's schedule:, "
+                   "else its first named one")
 
 
 def _search_arguments(p: argparse.ArgumentParser) -> None:

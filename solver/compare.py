@@ -6,22 +6,27 @@ from __future__ import annotations
 from typing import Any
 
 from ir.core import IRError
-from solver.planner import COLLECTIVE_KINDS, SearchOverrides, plan_report, plan_spec
+from solver.planner import SearchOverrides, plan_report, plan_spec, prepare
 from solver.search import SILENT, Progress
-from solver.spec import Spec
+from solver.spec import COLLECTIVE_KINDS, Spec
 
 BACKENDS = ("cpsat", "mcts")
 NAMES = {"cpsat": "CP-SAT", "mcts": "MCTS"}
 
 
-def compare(spec: Spec, overrides: SearchOverrides | None = None, progress: Progress = SILENT) -> dict[str, Any]:
+def compare(spec: Spec, overrides: SearchOverrides | None = None, progress: Progress = SILENT,
+            schedule: str | None = None) -> dict[str, Any]:
     """`{"cpsat": ..., "mcts": ...}`: each the `shardplan plan --json` object of
-    the spec planned with that backend, or `{"error": message}` if it
-    returned no plan (nothing fits, or nothing found within the budget)."""
+    the spec (its schedule `schedule`, see `plan_spec`) planned with that
+    backend, or `{"error": message}` if it returned no plan (nothing fits,
+    or nothing found within the budget)."""
     out: dict[str, Any] = {}
+    prepared = prepare(spec)
     for solver in BACKENDS:
         try:
-            out[solver] = plan_report(plan_spec(spec, solver, overrides=overrides, progress=progress), solver)
+            planned = plan_spec(spec, solver, overrides=overrides, progress=progress, schedule=schedule,
+                                prepared=prepared)
+            out[solver] = plan_report(planned, solver)
         except IRError as err:
             out[solver] = {"error": str(err)}
     return out

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import COMMUNICATION, Assessment, evaluate, ideal_step_time_s
+from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s
 from ir import ops
 from ir.core import IRError
 from ir.lower import Lowered, LowerOptions, lower
@@ -22,10 +22,9 @@ from ir.nda import NDA, analyze
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.search import SILENT, NoPlanFits, Progress
-from solver.spec import Spec
+from solver.spec import COLLECTIVE_KINDS, Spec
 from solver.tactics import Auto, Tactic, apply_schedule
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice")
 SOLVERS = ("none", "cpsat", "mcts")
 
 
@@ -40,6 +39,7 @@ class Planned:
     assessment: Assessment
     seconds: dict[str, float]
     search: tuple[Any, ...] = ()  # the backends' reports (cpsat.SolveReport, mcts.MctsReport), one per auto tactic
+    schedule: str | None = None  # the named schedule that ran (None: `schedule:`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +60,43 @@ class SearchOverrides:
                     pick("seed", "seed"), pick("iterations", "iterations"))
 
 
-def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
-              overrides: SearchOverrides | None = None, progress: Progress = SILENT) -> Planned:
-    """Run the spec's schedule and lower the plan. `solver="none"` runs the
-    schedule as written (its auto tactics with their own backends); a named
-    backend runs its auto tactics with that backend or, if the schedule has
-    none, a fully automatic schedule (auto on every mesh axis) hinted with
-    the schedule's manual plan."""
-    seconds: dict[str, float] = {}
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What every schedule of one spec shares: the traced program, its
+    analysis and its unpartitioned cost (built once by `prepare`)."""
+
+    model: Model
+    nda: NDA
+    baseline: Cost
+    seconds: dict[str, float]
+
+
+def prepare(spec: Spec) -> Prepared:
+    """Build the spec's program, analyze it and cost it on one device."""
     start = time.perf_counter()
     model = spec.build()
-    seconds["build"] = time.perf_counter() - start
+    built = time.perf_counter()
     nda = analyze(model.function, model.params)
-    seconds["analysis"] = time.perf_counter() - start - seconds["build"]
-    tactics, hint_tactics = _schedule(spec, solver, overrides or SearchOverrides())
+    analyzed = time.perf_counter()
+    baseline = evaluate(model.function, spec.hardware_obj())
+    return Prepared(model, nda, baseline, {"build": built - start, "analysis": analyzed - built,
+                                           "baseline": time.perf_counter() - analyzed})
+
+
+def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
+              overrides: SearchOverrides | None = None, progress: Progress = SILENT,
+              schedule: str | None = None, prepared: Prepared | None = None) -> Planned:
+    """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
+    None: the default, see `Spec.schedule_name`) and lower the plan.
+    `solver="none"` runs the schedule as written (its auto tactics with their
+    own backends); a named backend runs its auto tactics with that backend
+    or, if the schedule has none, a fully automatic schedule (auto on every
+    mesh axis) hinted with the schedule's manual plan. `prepared` reuses the
+    program of an earlier call on the same spec."""
+    prepared = prepared or prepare(spec)
+    model, nda = prepared.model, prepared.nda
+    seconds = dict(prepared.seconds)
+    tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides())
     t0 = time.perf_counter()
     mesh, hardware = spec.mesh_obj(), spec.hardware_obj()
     search = _Search(model, nda, mesh, hardware, progress)
@@ -88,21 +111,23 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     t0 = time.perf_counter()
     assessment = Assessment(
         cost=evaluate(lowered.function, hardware),
-        baseline=evaluate(model.function, hardware),
+        baseline=prepared.baseline,
         ideal_step_time_s=ideal_step_time_s(model.function, sharding.mesh.num_devices, hardware),
     )
     seconds["cost"] = time.perf_counter() - t0
-    return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports))
+    return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports),
+                   spec.schedule_name(schedule))
 
 
-def _schedule(spec: Spec, solver: str, overrides: SearchOverrides) -> tuple[list[Tactic], list[Tactic]]:
+def _schedule(spec: Spec, name: str | None, solver: str,
+              overrides: SearchOverrides) -> tuple[list[Tactic], list[Tactic]]:
     """The tactics to run, and the manual schedule that hints a fully automatic one."""
-    tactics = spec.tactics()
+    tactics = spec.tactics(name)
     autos = [t for t in tactics if isinstance(t, Auto)]
     if solver == "none":
         if not tactics:
-            raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` (see the README), "
-                          "or choose a search backend with --solver")
+            raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` or `schedules:` (see the "
+                          "README), or choose a search backend with --solver")
         return [overrides.apply(t, t.solver) if isinstance(t, Auto) else t for t in tactics], []
     if autos:
         return [overrides.apply(t, solver) if isinstance(t, Auto) else t for t in tactics], []
@@ -162,6 +187,7 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
         "spec": planned.spec.name,
         "source": planned.spec.source,
         "solver": solver,
+        "schedule": planned.schedule,
         "mesh": dict(mesh.axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),
@@ -195,7 +221,7 @@ def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
     }
 
 
-def _seconds(s: float) -> str:
+def format_seconds(s: float) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if s >= scale:
             return f"{s / scale:.3g} {unit}"
@@ -211,16 +237,16 @@ def _bytes(n: float) -> str:
 
 def format_cost(cost: dict[str, Any]) -> list[str]:
     """The cost table of the human-readable plan report."""
-    comm = ", ".join(f"{k} {_seconds(t)}" for k, t in cost["communication_by_kind_s"].items() if t) or "none"
+    comm = ", ".join(f"{k} {format_seconds(t)}" for k, t in cost["communication_by_kind_s"].items() if t) or "none"
     fits = "fits" if cost["fits"] else "DOES NOT FIT"
     return [
         f"cost per device on {cost['hardware']}:",
-        f"  step time        {_seconds(cost['step_time_s'])}"
-        f" (unpartitioned on one device: {_seconds(cost['unpartitioned_step_time_s'])})",
-        f"  compute          {_seconds(cost['compute_s'])}",
-        f"  communication    {_seconds(cost['communication_s'])}: {comm}",
+        f"  step time        {format_seconds(cost['step_time_s'])}"
+        f" (unpartitioned on one device: {format_seconds(cost['unpartitioned_step_time_s'])})",
+        f"  compute          {format_seconds(cost['compute_s'])}",
+        f"  communication    {format_seconds(cost['communication_s'])}: {comm}",
         f"  peak memory      {_bytes(cost['peak_memory_bytes'])} of {_bytes(cost['capacity_bytes'])}: {fits}",
-        f"  ideal step time  {_seconds(cost['ideal_step_time_s'])}, efficiency {cost['efficiency']:.1%}",
+        f"  ideal step time  {format_seconds(cost['ideal_step_time_s'])}, efficiency {cost['efficiency']:.1%}",
         f"  relative cost    {cost['relative_cost']:.4g} (TOAST: step time relative to unpartitioned,"
         " plus the memory penalty)",
     ]
@@ -240,7 +266,8 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     """The human-readable plan report."""
     counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
-    lines = [f"{report['source']}: plan (solver {report['solver']}) on mesh {mesh}",
+    schedule = f"schedule {report['schedule']}, " if report["schedule"] else ""
+    lines = [f"{report['source']}: plan ({schedule}solver {report['solver']}) on mesh {mesh}",
              f"collectives: {counts}; local program: {report['local_program']['ops']} ops", ""]
     for r in report["search"]:
         lines.append(format_search(r))

@@ -11,7 +11,9 @@ misspelt key fails instead of being ignored:
       # or instead: preset: gemma_2b  (one of ir.models.PRESETS)
       step: train               # train (default) | forward
       optimizer: adam           # adam (default) | sgd; only with step: train
-    mesh: {batch: 4, model: 2}  # axis name -> size, major to minor
+    mesh: {batch: 4, model: 2}  # axis name -> size (at least 2), major to minor
+    devices: 8                  # optional: the cluster's device count; each
+                                #   axis must divide it and their product equal it
     hardware: A100-80GB         # one of costmodel.hardware.PRESET_NAMES, or:
     # hardware:                 #   a preset with a link class per mesh axis
     #   preset: H100-SXM        #   (axes not listed: the preset's default link)
@@ -20,17 +22,30 @@ misspelt key fails instead of being ignored:
     #   device: {name: my-chip, peak_flops: {f32: 50TFLOP/s, bf16: 400TFLOP/s},
     #            memory: 64GiB, memory_bandwidth: 2TB/s}
     #   links: {batch: {bandwidth: 25GB/s, latency: 10us}, model: {bandwidth: 300GB/s, latency: 1us}}
+    schedule: [...]             # optional: the default schedule (a list of tactics)
+    schedules:                  # optional: named schedules, each with what CI expects of it
+      BP:
+        tactics: [...]
+        expect: {all_reduce: 5, fits: true}   # collective counts (kinds not listed: 0)
+      BP+MP:
+        extends: BP             # BP's tactics first, then these
+        tactics: [...]
+        expect: {all_reduce: 9, fits: true}
 
 `load_spec(path)` and `parse_spec(text, filename)` return a `Spec` or raise
 `SpecError` with one line naming the file and the field
 (`specs/x.yaml: model.builder: unknown model builder 'mlpp'; ...`), or the
 file, line and column of a YAML syntax error. `Spec.build()` traces the model
 (and its training step); its errors name the file and field too.
-`Spec.hardware_obj()` resolves the hardware against the mesh axes.
+`Spec.hardware_obj()` resolves the hardware against the mesh axes;
+`Spec.tactics(name)` is a schedule's tactics (None: the default schedule,
+else the first named one) and `Spec.expectations()` the named schedules
+that carry an `expect:` block (what `shardplan check` asserts).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import re
@@ -184,6 +199,37 @@ class TacticSpec(_Strict):
         return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations)
 
 
+# The collective kinds an expectation counts, as the lowering emits them.
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice")
+_Count = Annotated[int, Field(strict=True, ge=0)]
+
+
+class Expectation(_Strict):
+    """`expect:` what a schedule must produce: the device-local program's
+    collective counts per kind (a kind not listed is expected to be absent)
+    and, if given, whether the plan fits the devices' memory."""
+
+    all_reduce: _Count = 0
+    all_gather: _Count = 0
+    reduce_scatter: _Count = 0
+    all_to_all: _Count = 0
+    all_slice: _Count = 0
+    fits: bool | None = None
+
+    def counts(self) -> dict[str, int]:
+        return {kind: getattr(self, kind) for kind in COLLECTIVE_KINDS}
+
+
+class ScheduleSpec(_Strict):
+    """One entry of `schedules:`: tactics, optionally after another named
+    schedule's (`extends`), and what CI expects of the result."""
+
+    description: str | None = None
+    extends: str | None = None
+    tactics: list[TacticSpec] = Field(default_factory=list)
+    expect: Expectation | None = None
+
+
 def _link_choice(value: Any, info: ValidationInfo) -> Any:
     """A link given by class name ("infiniband") becomes that link of the
     preset; an inline mapping is left for Link to validate."""
@@ -252,8 +298,10 @@ class Spec(_Strict):
     description: str | None = None
     model: ModelSpec
     mesh: dict[str, Annotated[int, Field(strict=True, gt=0)]]
+    devices: Annotated[int, Field(strict=True, gt=0)] | None = None
     hardware: str | HardwareSpec
     schedule: list[TacticSpec] = Field(default_factory=list)
+    schedules: dict[str, ScheduleSpec] = Field(default_factory=dict)
     # The file the spec came from, for the messages of errors found in build().
     _source: str = PrivateAttr("<spec>")
 
@@ -262,10 +310,25 @@ class Spec(_Strict):
     def _mesh_axes(cls, mesh: dict[str, int]) -> dict[str, int]:
         if not mesh:
             raise ValueError("a mesh needs at least one axis, e.g. {batch: 4}")
-        for name in mesh:
+        for name, size in mesh.items():
             if not AXIS_NAME.fullmatch(name):
                 raise ValueError(f"mesh axis name {name!r} is not an identifier (letters, digits, '_')")
+            if size == 1:
+                raise ValueError(f"axis {name} has size 1: it shards nothing; remove it from the mesh")
         return mesh
+
+    @model_validator(mode="after")
+    def _mesh_fills_devices(self) -> Spec:
+        if self.devices is None:
+            return self
+        shape = " x ".join(f"{a}={n}" for a, n in self.mesh.items())
+        for axis, size in self.mesh.items():
+            if self.devices % size:
+                raise ValueError(f"mesh: axis {axis}={size} does not divide the {self.devices} devices")
+        total = math.prod(self.mesh.values())
+        if total != self.devices:
+            raise ValueError(f"mesh: {shape} is {total} devices, but devices: {self.devices}")
+        return self
 
     @field_validator("hardware", mode="plain")
     @classmethod
@@ -282,10 +345,25 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _schedule_axes(self) -> Spec:
-        for i, entry in enumerate(self.schedule):
+        entries = [(f"schedule.{i}", e) for i, e in enumerate(self.schedule)]
+        entries += [(f"schedules.{name}.tactics.{i}", e)
+                    for name, s in self.schedules.items() for i, e in enumerate(s.tactics)]
+        for where, entry in entries:
             for axis in entry.axes():
                 if axis not in self.mesh:
-                    raise ValueError(f"schedule.{i}: unknown mesh axis {axis!r}; mesh axes: {', '.join(self.mesh)}")
+                    raise ValueError(f"{where}: unknown mesh axis {axis!r}; mesh axes: {', '.join(self.mesh)}")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_names(self) -> Spec:
+        """`extends` names a schedule listed before it (so there are no cycles)."""
+        earlier: list[str] = []
+        for name, schedule in self.schedules.items():
+            if schedule.extends is not None and schedule.extends not in earlier:
+                known = f"schedules listed before it: {', '.join(earlier)}" if earlier else "it is the first schedule"
+                raise ValueError(f"schedules.{name}.extends: {schedule.extends!r} is not a schedule listed "
+                                 f"before it; {known}")
+            earlier.append(name)
         return self
 
     @model_validator(mode="after")
@@ -315,9 +393,31 @@ class Spec(_Strict):
             return preset_hardware(self.hardware, list(self.mesh))
         return self.hardware.resolve(list(self.mesh))
 
-    def tactics(self) -> list[Tactic]:
-        """The schedule as tactics, in order."""
-        return [entry.tactic() for entry in self.schedule]
+    def schedule_name(self, name: str | None = None) -> str | None:
+        """The schedule `name` selects: None picks `schedule:` if given, else
+        the first named schedule (None when the spec has neither)."""
+        if name is not None:
+            if name not in self.schedules:
+                known = ", ".join(self.schedules) or "none (the spec has no schedules: block)"
+                raise SpecError(f"{self._source}: no schedule named {name!r}; named schedules: {known}")
+            return name
+        if self.schedule or not self.schedules:
+            return None
+        return next(iter(self.schedules))
+
+    def tactics(self, name: str | None = None) -> list[Tactic]:
+        """A schedule as tactics, in order: the named one (with the schedules
+        it extends first), or the default (see `schedule_name`)."""
+        name = self.schedule_name(name)
+        if name is None:
+            return [entry.tactic() for entry in self.schedule]
+        entry = self.schedules[name]
+        before = self.tactics(entry.extends) if entry.extends is not None else []
+        return before + [t.tactic() for t in entry.tactics]
+
+    def expectations(self) -> dict[str, Expectation]:
+        """The named schedules that carry an `expect:` block, in order."""
+        return {name: s.expect for name, s in self.schedules.items() if s.expect is not None}
 
     @property
     def source(self) -> str:
@@ -333,6 +433,10 @@ class Spec(_Strict):
         model = self._build_forward()
         if self.model.step == "forward":
             return model
+        first = model.function.results[0]
+        if first.type.shape != ():
+            raise SpecError(f"{self._source}: model.step: train needs a scalar loss, but the program's first result "
+                            f"%{first.name} is {first.type} (an inference program: use step: forward)")
         try:
             return training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]())
         except IRError as exc:  # e.g. integer args.dtype: nothing to differentiate

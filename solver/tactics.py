@@ -11,8 +11,11 @@ decisions come after, and earlier decisions win on a contended axis).
                          parameter's color reaching a shared tensor (in the
                          MLP, w1's second dimension shares w2's first
                          dimension's color).
-  Replicate(axis, values) keep the named parameters unsharded along `axis`
-                         (PartIR's atomic).
+  Replicate(axis, values) keep the named parameters or results unsharded
+                         along `axis` (PartIR's atomic). Naming results is
+                         how ZeRO-2 keeps the updated parameters whole
+                         while their optimizer state is sharded: the
+                         update is all_gathered before it is applied.
   Resolve(bits)          set resolution-class bits (`shardplan explain`
                          lists the classes and what each resolution shards).
   Auto(axes, solver, ...) run a search backend on the given axes, after the
@@ -83,8 +86,8 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
             plan = _manual(nda, plan, tactic, where)
         elif isinstance(tactic, Replicate):
             _check_axis(mesh, tactic.axis, where)
-            pairs = [(nda.def_iclass(v, d), tactic.axis) for v in _matching(nda, tactic.values, where)
-                     for d in range(v.type.rank)]
+            named = _matching(nda, tactic.values, where, results=True)
+            pairs = [(nda.def_iclass(v, d), tactic.axis) for v in named for d in range(v.type.rank)]
             plan = plan.with_replicated(pairs)
         elif isinstance(tactic, Resolve):
             plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
@@ -129,16 +132,18 @@ def _pick_dim(nda: NDA, sharding, v: Value, dim: int | str, axis: str, mesh: Mes
     return None
 
 
-def _matching(nda: NDA, patterns: Sequence[str], where: str) -> list[Value]:
-    """The parameters (inputs, as in PartIR) matching any of the glob patterns."""
-    params = nda.function.params
+def _matching(nda: NDA, patterns: Sequence[str], where: str, results: bool = False) -> list[Value]:
+    """The parameters (inputs, as in PartIR), and with `results` the
+    function's results, matching any of the glob patterns."""
+    values = list(nda.function.params) + (list(nda.function.results) if results else [])
+    what = "parameter or result" if results else "parameter"
     out: list[Value] = []
     for pattern in patterns:
-        found = [v for v in params if fnmatch.fnmatchcase(v.name, pattern)]
+        found = [v for v in values if fnmatch.fnmatchcase(v.name, pattern)]
         if not found:
-            names = [p.name for p in params]
-            shown = ", ".join(names[:12]) + (f", ... ({len(names)} parameters)" if len(names) > 12 else "")
-            raise TacticError(f"{where}: no parameter matches {pattern!r}; parameters: {shown}")
+            names = [v.name for v in values]
+            shown = ", ".join(names[:12]) + (f", ... ({len(names)} {what}s)" if len(names) > 12 else "")
+            raise TacticError(f"{where}: no {what} matches {pattern!r}; {what}s: {shown}")
         out += [v for v in found if v not in out]
     return out
 

@@ -36,3 +36,15 @@ def test_readme_op_table_lists_every_registered_kind():
     documented = set(re.findall(r"`([a-z_]+)`", table))
     missing = sorted(set(ops.REGISTRY) - documented)
     assert not missing, f"README op table lacks {missing}"
+
+
+def test_readme_complete_spec_example_is_the_bundled_mlp_spec():
+    section = README.split("### Named schedules and expectations", 1)[1].split("\n### ", 1)[0]
+    (example,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert example == (ROOT / "specs" / "mlp.yaml").read_text()
+
+
+def test_readme_bundled_spec_table_lists_every_spec():
+    table = README.split("### Bundled specs", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`([a-z0-9_]+)\.yaml`", table))
+    assert listed == {p.stem for p in (ROOT / "specs").glob("*.yaml")}

@@ -185,6 +185,56 @@ def ref_scatter_add(axis: int, size: int) -> Callable[[np.ndarray, np.ndarray], 
     return ref
 
 
+def conv_output(x_spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence) -> tuple:
+    """(ho, wo): the window positions that fit in the padded input."""
+    return tuple((x_spatial[d] + sum(padding[d]) - kernel[d]) // stride[d] + 1 for d in (0, 1))
+
+
+def conv_taps(x_spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence) -> list:
+    """Every (output pixel, kernel tap, input pixel) of a 2-D convolution whose
+    input pixel is inside the unpadded input (padding reads zeros), by loops."""
+    (h, w), (kh, kw), (sh, sw), (pt, pl) = x_spatial, kernel, stride, (padding[0][0], padding[1][0])
+    ho, wo = conv_output(x_spatial, kernel, stride, padding)
+    taps = []
+    for y, x, i, j in itertools.product(range(ho), range(wo), range(kh), range(kw)):
+        r, c = y * sh + i - pt, x * sw + j - pl
+        if 0 <= r < h and 0 <= c < w:
+            taps.append(((y, x), (i, j), (r, c)))
+    return taps
+
+
+def ref_conv(stride: Sequence[int], padding: Sequence) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """y[:, out] = sum over taps of x[:, in] @ w[tap] (NHWC, HWIO)."""
+    def ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        out = np.zeros((x.shape[0], *conv_output(x.shape[1:3], w.shape[:2], stride, padding), w.shape[3]))
+        for o, k, i in conv_taps(x.shape[1:3], w.shape[:2], stride, padding):
+            out[:, o[0], o[1]] += x[:, i[0], i[1]] @ w[k]
+        return out
+    return ref
+
+
+def ref_conv_input_grad(stride: Sequence[int], padding: Sequence,
+                        spatial: Sequence[int]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """dx[:, in] = sum over taps reading it of g[:, out] @ w[tap]^T."""
+    def ref(g: np.ndarray, w: np.ndarray) -> np.ndarray:
+        out = np.zeros((g.shape[0], *spatial, w.shape[2]))
+        for o, k, i in conv_taps(spatial, w.shape[:2], stride, padding):
+            out[:, i[0], i[1]] += g[:, o[0], o[1]] @ w[k].T
+        return out
+    return ref
+
+
+def ref_conv_kernel_grad(stride: Sequence[int], padding: Sequence,
+                         kernel: Sequence[int]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """dw[tap] = sum over output pixels of x[:, in]^T @ g[:, out]."""
+    def ref(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        out = np.zeros((*kernel, x.shape[3], g.shape[3]))
+        for o, k, i in conv_taps(x.shape[1:3], kernel, stride, padding):
+            out[k] += x[:, i[0], i[1]].T @ g[:, o[0], o[1]]
+        return out
+    return ref
+
+
 def ref_gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
     return x / 2 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
@@ -228,6 +278,12 @@ COMPARE_REFS = {
     "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
     "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
 }
+
+# (name, x, w, y, stride, padding) of a convolution, for its three kinds' cases
+CONV_GEOMETRIES = [
+    ("stride1_pad", t(2, 5, 6, 4), t(3, 2, 4, 6), t(2, 5, 6, 6), [1, 1], [[1, 1], [0, 1]]),
+    ("stride2_uneven", t(4, 7, 9, 2), t(3, 4, 2, 6), t(4, 3, 3, 6), [2, 3], [[0, 1], [2, 0]]),
+]
 
 CASES: dict[str, list[Case]] = {}
 for _case in unary_cases() + binary_cases() + [
@@ -294,6 +350,14 @@ for _case in unary_cases() + binary_cases() + [
     Case("constant", "f32", (), {"shape": [2, 3], "dtype": "f32", "value": [1.5, -2, 3, 0, 5, 6.25]},
          lambda: np.array([[1.5, -2, 3], [0, 5, 6.25]], F32)),
     Case("constant", "i32", (), {"shape": [3], "dtype": "i32", "value": [4, -1, 9]}, lambda: np.array([4, -1, 9], I32)),
+    # convolution and its transposes: NHWC x, HWIO w; "uneven" strides leave
+    # padded rows and columns no window reads (7 + 1 - 3 = 5 rows, stride 2)
+    *(Case("convolution", name, (x, w), {"stride": s, "padding": p}, f64(ref_conv(s, p)))
+      for name, x, w, _, s, p in CONV_GEOMETRIES),
+    *(Case("conv_input_grad", name, (y, w), {"stride": s, "padding": p, "input_spatial": list(x.shape[1:3])},
+           f64(ref_conv_input_grad(s, p, x.shape[1:3]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
+    *(Case("conv_kernel_grad", name, (x, y), {"stride": s, "padding": p, "kernel_spatial": list(w.shape[:2])},
+           f64(ref_conv_kernel_grad(s, p, w.shape[:2]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
 ]:
     CASES.setdefault(_case.kind, []).append(_case)
 
@@ -496,6 +560,10 @@ OPAQUE_DIMS: dict[str, tuple[list[set[int]], list[set[int]]]] = {
     "iota-dim0_f32": ([], [{0}]),
     "constant-f32": ([], [{0, 1}]),
     "constant-i32": ([], [{0}]),
+    # spatial dims and the kernel window are opaque in all three convolution kinds
+    **{f"convolution-{g[0]}": ([{1, 2}, {0, 1}], [{1, 2}]) for g in CONV_GEOMETRIES},
+    **{f"conv_input_grad-{g[0]}": ([{1, 2}, {0, 1}], [{1, 2}]) for g in CONV_GEOMETRIES},
+    **{f"conv_kernel_grad-{g[0]}": ([{1, 2}, {1, 2}], [{0, 1}]) for g in CONV_GEOMETRIES},
 }
 
 

@@ -1,6 +1,8 @@
 """YAML specs: the bundled specs load and build; every malformed spec is one
 line naming the file and the field (or file:line:col for YAML syntax)."""
 
+import math
+
 import pytest
 from conftest import ROOT
 
@@ -47,9 +49,17 @@ def build_error(tmp_path, text: str) -> tuple[str, str]:
 # ------------------------------------------------------------ bundled specs
 
 
+# The paper settings of the model suite (the README's table of bundled specs).
+PAPER_SPECS = {
+    "mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l",
+    "gemma_2b_tpuv3", "gemma_2b_a100", "gemma_7b_tpuv3", "gemma_7b_a100",
+    "chinchilla_32l_tpuv3", "chinchilla_32l_a100", "transformer_decode", "gns", "unet",
+    "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96",
+}
+
+
 def test_the_bundled_specs_are_there():
-    names = {p.stem for p in BUNDLED}
-    assert {"mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l"} <= names
+    assert {p.stem for p in BUNDLED} == PAPER_SPECS
 
 
 @pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.stem)
@@ -60,9 +70,15 @@ def test_bundled_spec_loads_and_builds(path):
     assert spec.hardware_name in PRESET_NAMES
     hardware = spec.hardware_obj()
     assert isinstance(hardware, Hardware) and list(hardware.links) == list(spec.mesh)
+    assert spec.devices == math.prod(spec.mesh.values())
+    assert spec.expectations(), "every bundled spec is checked by `shardplan check specs/`"
     model = spec.build()
-    assert model.function.results[0].type.shape == ()
-    assert bool(model.state) == (spec.model.step == "train")
+    if spec.model.builder == "transformer_decode":  # inference: logits first, the KV cache as state
+        assert model.function.results[0].type.rank == 2 and model.state
+    else:
+        assert model.function.results[0].type.shape == ()
+        # Adam's moments are state; SGD keeps none.
+        assert bool(model.state) == (spec.model.step == "train" and spec.model.optimizer == "adam")
 
 
 def test_mlp_spec_is_an_adam_training_step_on_a_2d_mesh():
@@ -106,7 +122,8 @@ def test_missing_file_raises_oserror(tmp_path):
 
 def test_unknown_top_level_key(tmp_path):
     _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedul: []\n")
-    assert ": schedul: unknown key; valid keys: name, description, model, mesh, hardware" in message
+    assert (": schedul: unknown key; valid keys: name, description, model, mesh, devices, hardware, schedule, "
+            "schedules") in message
 
 
 def test_misspelt_key_is_reported_rather_than_the_missing_one(tmp_path):
@@ -202,6 +219,25 @@ def test_integer_model_cannot_train(tmp_path):
 def test_mesh_size_must_be_a_positive_int(tmp_path, size, expected):
     _, message = load_error(tmp_path, MODEL + f"mesh: {{batch: 4, model: {size}}}\n" + HARDWARE)
     assert message.endswith(f": mesh.model: {expected}")
+
+
+def test_mesh_axis_of_size_one_is_an_error(tmp_path):
+    _, message = load_error(tmp_path, MODEL + "mesh: {batch: 4, model: 1}\n" + HARDWARE)
+    assert message.endswith(": mesh: axis model has size 1: it shards nothing; remove it from the mesh")
+
+
+@pytest.mark.parametrize("devices, expected", [
+    (32, "mesh: axis model=3 does not divide the 32 devices"),
+    (24, "mesh: batch=4 x model=3 is 12 devices, but devices: 24"),
+])
+def test_mesh_must_fill_the_devices(tmp_path, devices, expected):
+    _, message = load_error(tmp_path, MODEL + "mesh: {batch: 4, model: 3}\n" + f"devices: {devices}\n" + HARDWARE)
+    assert message.endswith(": " + expected)
+
+
+def test_devices_matching_the_mesh(tmp_path):
+    spec = load_spec(write(tmp_path, MODEL + "mesh: {batch: 4, model: 3}\ndevices: 12\n" + HARDWARE))
+    assert spec.devices == 12
 
 
 def test_empty_mesh(tmp_path):
@@ -389,3 +425,66 @@ def test_several_errors_are_counted(tmp_path):
     _, message = load_error(tmp_path, "model: {builder: mlpp}\nmesh: {batch: 0}\nhardware: H300\n")
     assert ": model.builder: unknown model builder 'mlpp'" in message
     assert message.endswith("(and 2 more)")
+
+
+# ------------------------------------------------------------ named schedules and expectations
+
+BP = "      - {manual: {axis: batch, values: {x: 0}}}\n"
+MP = "      - {manual: {axis: model, values: {w1: 1}}}\n"
+
+
+def test_named_schedules_extend_earlier_ones(tmp_path):
+    spec = load_spec(write(tmp_path, MODEL + MESH2 + HARDWARE + "schedules:\n  BP:\n    tactics:\n" + BP
+                           + "    expect: {all_reduce: 3, fits: true}\n"
+                           + "  BP+MP:\n    extends: BP\n    tactics:\n" + MP + "    expect: {all_reduce: 4}\n"))
+    assert [t.axis for t in spec.tactics("BP+MP")] == ["batch", "model"]
+    assert [t.axis for t in spec.tactics("BP")] == ["batch"]
+    # No `schedule:`: the default is the first named schedule.
+    assert spec.schedule_name() == "BP" and spec.tactics() == spec.tactics("BP")
+    expect = spec.expectations()
+    assert list(expect) == ["BP", "BP+MP"]
+    assert expect["BP"].counts() == dict(all_reduce=3, all_gather=0, reduce_scatter=0, all_to_all=0, all_slice=0)
+    assert expect["BP"].fits is True and expect["BP+MP"].fits is None
+
+
+def test_default_schedule_is_the_unnamed_one(tmp_path):
+    spec = load_spec(write(tmp_path, MODEL + MESH2 + HARDWARE + "schedule:\n" + MP.replace("    ", "", 1)
+                           + "schedules:\n  BP:\n    tactics:\n" + BP))
+    assert spec.schedule_name() is None and [t.axis for t in spec.tactics()] == ["model"]
+    assert spec.expectations() == {}
+
+
+def test_unknown_schedule_name_lists_the_named_ones(tmp_path):
+    spec = load_spec(write(tmp_path, MODEL + MESH2 + HARDWARE + "schedules:\n  BP:\n    tactics:\n" + BP))
+    with pytest.raises(SpecError, match=r"x.yaml: no schedule named 'ZeRO'; named schedules: BP$"):
+        spec.tactics("ZeRO")
+
+
+def test_extends_must_name_an_earlier_schedule(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH2 + HARDWARE + "schedules:\n  A:\n    extends: B\n    tactics:\n"
+                            + BP + "  B:\n    tactics:\n" + MP)
+    assert message.endswith(": schedules.A.extends: 'B' is not a schedule listed before it; it is the first schedule")
+
+
+def test_named_schedule_with_an_unknown_axis(tmp_path):
+    _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedules:\n  MP:\n    tactics:\n" + MP)
+    assert message.endswith(": schedules.MP.tactics.0: unknown mesh axis 'model'; mesh axes: batch")
+
+
+@pytest.mark.parametrize("expect, expected", [
+    ("{all_reduces: 3}", "schedules.BP.expect.all_reduces: unknown key; valid keys: all_reduce, all_gather, "
+                         "reduce_scatter, all_to_all, all_slice, fits"),
+    ("{all_reduce: -1}", "schedules.BP.expect.all_reduce: Input should be greater than or equal to 0"),
+    ("{all_reduce: '3'}", "schedules.BP.expect.all_reduce: Input should be a valid integer"),
+    ("{fits: maybe}", "schedules.BP.expect.fits: Input should be a valid boolean"),
+])
+def test_expectation_errors_name_the_field(tmp_path, expect, expected):
+    _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + f"schedules:\n  BP:\n    tactics:\n{BP}"
+                            f"    expect: {expect}\n")
+    assert expected in message
+
+
+def test_an_inference_program_cannot_train(tmp_path):
+    _, message = build_error(tmp_path, "model: {builder: transformer_decode}\n" + MESH + HARDWARE)
+    assert message.endswith(": model.step: train needs a scalar loss, but the program's first result %next_logits "
+                            "is tensor<2x32xf32> (an inference program: use step: forward)")

@@ -99,7 +99,7 @@ def test_resolve_selects_the_figure_5b_program():
     (Manual("batch", (("w3", 0),)), "schedule.0.manual: no parameter matches 'w3'; parameters: x, target, w1, w2"),
     (Manual("data", (("w1", 0),)), "schedule.0.manual: unknown mesh axis 'data'; mesh axes: batch, model"),
     (Manual("batch", (("w1", 2),)), "schedule.0.manual: %w1 is tensor<6x10xf32>: dimension 2 is not one of 0..1"),
-    (Replicate("batch", ("nope*",)), "schedule.0.replicate: no parameter matches 'nope*'"),
+    (Replicate("batch", ("nope*",)), "schedule.0.replicate: no parameter or result matches 'nope*'"),
     (Resolve(((0, 1),)), "schedule.0.resolve: no resolution class 0; classes: none"),
 ])
 def test_tactic_errors_name_the_problem_and_the_valid_choices(tactic, message):

@@ -7,6 +7,9 @@ batch inputs).
   simplified_attention  attention with a mock softmax (TOAST)      ir.models.attention
   attention             single- or multi-head softmax attention    ir.models.attention
   transformer           decoder-only transformer, cross-entropy    ir.models.transformer
+  unet                  convolutional U-Net denoiser, MSE loss     ir.models.unet
+  transformer_decode    one KV-cached decode step: logits, no loss ir.models.decode
+  gns                   graph network simulator, MSE loss (PartIR) ir.models.gns
 
 `build(name, **kwargs)` looks a builder up by name; `build_preset(name)`
 builds a full-size transformer from `PRESETS` (ir.models.presets).
@@ -20,9 +23,12 @@ from typing import Any
 
 from ir.models.attention import attention, simplified_attention
 from ir.models.base import Model
+from ir.models.decode import transformer_decode
+from ir.models.gns import gns
 from ir.models.mlp import deep_mlp, mlp
 from ir.models.presets import PRESETS
 from ir.models.transformer import transformer
+from ir.models.unet import unet
 
 BUILDERS: dict[str, Callable[..., Model]] = {
     "mlp": mlp,
@@ -30,6 +36,9 @@ BUILDERS: dict[str, Callable[..., Model]] = {
     "simplified_attention": simplified_attention,
     "attention": attention,
     "transformer": transformer,
+    "transformer_decode": transformer_decode,
+    "gns": gns,
+    "unet": unet,
 }
 
 __all__ = ["BUILDERS", "PRESETS", "Model", "build", "build_preset", "check_args"]

@@ -77,11 +77,7 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
     mask = causal_mask(b, seq) if causal else None
     for layer in range(layers):
         h = _block(b, layout, h, mask, f"layers.{layer}.")
-    h = _norm(b, layout, h, "final_norm")
-    if tied_embeddings:
-        logits = b.einsum("bsd,vd->bsv", h, table, name="logits")
-    else:
-        logits = b.matmul(h, layout.param(b, "unembed", [d_model, vocab]), name="logits")
+    logits = _logits(b, layout, h, table, tied_embeddings)
     fn = b.build([softmax_cross_entropy(b, logits, targets)])
     return Model(fn, tuple(p.name for p in fn.params if p.name not in BATCH_INPUTS), BATCH_INPUTS)
 
@@ -106,10 +102,31 @@ def _block(b: Builder, layout: _Layout, h: Value, mask: Value | None, prefix: st
     """One pre-norm layer: h + attention(norm(h)), then + mlp(norm(.))."""
     x = _norm(b, layout, h, f"{prefix}attn_norm")
     q, k, v = _project_qkv(b, layout, x, f"{prefix}attn.")
+    h = _attention_residual(b, layout, h, q, k, v, mask, prefix)
+    return _mlp_residual(b, layout, h, prefix)
+
+
+def _attention_residual(b: Builder, layout: _Layout, h: Value, q: Value, k: Value, v: Value, mask: Value | None,
+                        prefix: str) -> Value:
+    """h + attend(q, k, v) projected by `{prefix}attn.wo` (the decode step
+    passes keys and values that include its cache)."""
     wo = layout.param(b, f"{prefix}attn.wo", [layout.heads, layout.head_dim, layout.d_model])
-    h = b.add(h, attend(b, q, k, v, wo, mask, f"{prefix}attn."), name=f"{prefix}attn_residual")
+    return b.add(h, attend(b, q, k, v, wo, mask, f"{prefix}attn."), name=f"{prefix}attn_residual")
+
+
+def _mlp_residual(b: Builder, layout: _Layout, h: Value, prefix: str) -> Value:
+    """h + mlp(norm(h)): the second half of a layer."""
     x = _norm(b, layout, h, f"{prefix}mlp_norm")
     return b.add(h, _mlp(b, layout, x, f"{prefix}mlp."), name=f"{prefix}out")
+
+
+def _logits(b: Builder, layout: _Layout, h: Value, table: Value, tied_embeddings: bool) -> Value:
+    """final_norm, then the unembedding: by `unembed` [d_model, vocab] or the tied embed.table."""
+    h = _norm(b, layout, h, "final_norm")
+    if tied_embeddings:
+        return b.einsum("bsd,vd->bsv", h, table, name="logits")
+    vocab = table.type.shape[0]
+    return b.matmul(h, layout.param(b, "unembed", [layout.d_model, vocab]), name="logits")
 
 
 def _norm(b: Builder, layout: _Layout, x: Value, name: str) -> Value:
