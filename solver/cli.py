@@ -157,6 +157,25 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from solver.export import export_json, export_python
+    from solver.planner import plan_report
+
+    report = plan_report(_planned(args), args.solver)
+    cost = report["cost"]
+    if not cost["fits"]:  # still a plan, but the user should know before handing it to jax.jit
+        print(f"shardplan: warning: the plan does not fit in memory: peak {cost['peak_memory_bytes'] / 2**30:.3g} "
+              f"GiB per device, capacity {cost['capacity_bytes'] / 2**30:.3g} GiB (see shardplan plan)",
+              file=sys.stderr)
+    text = json.dumps(export_json(report), indent=2) + "\n" if args.format == "json" else export_python(report)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from solver.compare import BACKENDS, compare, format_compare
     from solver.planner import SearchOverrides
@@ -239,15 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("lower", cmd_lower, "print the device-local program of the spec's plan, collectives explicit"),
     ):
         p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
-        p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
-        _schedule_argument(p)
-        p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
-                       help="none (default): run the schedule as written; cpsat or mcts: run its auto tactics "
-                       "with that backend or, if it has none, search every mesh axis (the schedule becomes "
-                       "CP-SAT's hint)")
-        p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
-                       help="time limit of each auto tactic (default: the spec's, else 60)")
-        _search_arguments(p)
+        _plan_arguments(p)
         p.add_argument("--reuse-resharded", action="store_true",
                        help="keep resharded values (e.g. all_gathered parameters) for later uses instead of "
                        "resharding at each use")
@@ -256,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)
+
+    _export_parser(sub)
 
     summary = "plan the spec with CP-SAT and with MCTS on the same cost model and compare the plans"
     p = sub.add_parser("compare", help=summary, description=summary[0].upper() + summary[1:] + ".")
@@ -274,6 +287,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
     p.set_defaults(func=cmd_check)
     return parser
+
+
+def _export_parser(sub) -> None:
+    summary = "export the spec's plan as JAX shardings: a PartitionSpec per argument and result, and the mesh"
+    p = sub.add_parser("export", help=summary, description=summary[0].upper() + summary[1:] + ". The plan is "
+                       "the one `shardplan plan` makes with the same options.")
+    _plan_arguments(p)
+    p.add_argument("--format", choices=("python", "json"), default="python",
+                   help="python (default): a snippet defining mesh, in_shardings and out_shardings to paste "
+                   "before jax.jit(f, in_shardings=..., out_shardings=...); json: the same as data (README)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the snippet (or JSON) to FILE")
+    # Lowering options change collectives, not the shardings of arguments and results.
+    p.set_defaults(func=cmd_export, reuse_resharded=False)
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    """The spec and the options that choose its plan, shared by plan, lower and export."""
+    p.add_argument("spec", help="YAML spec with a schedule, e.g. specs/mlp.yaml")
+    _schedule_argument(p)
+    p.add_argument("--solver", choices=("none", "cpsat", "mcts"), default="none",
+                   help="none (default): run the schedule as written; cpsat or mcts: run its auto tactics "
+                   "with that backend or, if it has none, search every mesh axis (the schedule becomes "
+                   "CP-SAT's hint)")
+    p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
+                   help="time limit of each auto tactic (default: the spec's, else 60)")
+    _search_arguments(p)
 
 
 def _schedule_argument(p: argparse.ArgumentParser) -> None:

@@ -53,7 +53,8 @@ def explain(spec: Spec) -> tuple[dict[str, Any], NDA]:
 
 def _model_summary(spec: Spec) -> dict[str, Any]:
     m = spec.model
-    summary: dict[str, Any] = {"builder": m.builder} if m.builder else {"preset": m.preset}
+    source = "builder" if m.builder else "preset" if m.preset else "stablehlo"
+    summary: dict[str, Any] = {source: getattr(m, source)}
     if m.builder:
         summary["args"] = dict(m.args)
     summary["step"] = m.step
@@ -109,7 +110,8 @@ def format_report(report: dict[str, Any]) -> str:
     p = report["program"]
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     model = report["model"]
-    what = model.get("builder") or f"preset {model['preset']}"
+    what = model.get("builder") or (f"preset {model['preset']}" if "preset" in model
+                                    else f"StableHLO {model['stablehlo']}")
     step = f"train step ({model['optimizer']})" if model["step"] == "train" else "forward"
     lines = [
         f"{report['source']}: {what}, {step}, mesh {mesh}, {report['hardware']}",

@@ -9,7 +9,10 @@ misspelt key fails instead of being ignored:
       builder: mlp              # one of ir.models.BUILDERS, with
       args: {batch: 256}        #   its keyword arguments (optional)
       # or instead: preset: gemma_2b  (one of ir.models.PRESETS)
-      step: train               # train (default) | forward
+      # or instead: stablehlo: step.mlir  (jax.jit(f).lower(...).as_text(); a path
+      #   relative to the spec), with optional param_names: [...] (one per
+      #   argument), inputs: [globs] and state: [globs] (the rest are trainable)
+      step: train               # train (default; forward for stablehlo) | forward
       optimizer: adam           # adam (default) | sgd; only with step: train
     mesh: {batch: 4, model: 2}  # axis name -> size (at least 2), major to minor
     devices: 8                  # optional: the cluster's device count; each
@@ -45,6 +48,7 @@ that carry an `expect:` block (what `shardplan check` asserts).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import pathlib
@@ -72,6 +76,7 @@ from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
+from ir.stablehlo import import_stablehlo
 from solver.tactics import Auto, Manual, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
@@ -96,8 +101,21 @@ class ModelSpec(_Strict):
     builder: str | None = None
     preset: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    stablehlo: str | None = None
+    param_names: list[str] | None = None
+    inputs: list[str] = Field(default_factory=list)
+    state: list[str] = Field(default_factory=list)
     step: Literal["train", "forward"] = "train"
     optimizer: Literal["adam", "sgd"] = "adam"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imported_programs_run_as_written(cls, data: Any) -> Any:
+        """An imported program is usually a whole training step already: its
+        default step is forward (run it as written)."""
+        if isinstance(data, dict) and "stablehlo" in data and "step" not in data:
+            return {**data, "step": "forward"}
+        return data
 
     @field_validator("builder")
     @classmethod
@@ -126,13 +144,19 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
         """Exactly one model source; no settings that would be silently ignored."""
-        if self.builder is not None and self.preset is not None:
-            raise ValueError("give either builder or preset, not both")
-        if self.builder is None and self.preset is None:
+        sources = [k for k in ("builder", "preset", "stablehlo") if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"give one of builder, preset or stablehlo, not {' and '.join(sources)}")
+        if not sources:
             raise ValueError(
-                f"missing builder or preset: a builder ({', '.join(BUILDERS)}) "
-                f"or a preset ({', '.join(PRESETS)})"
+                f"missing builder, preset or stablehlo: a builder ({', '.join(BUILDERS)}), "
+                f"a preset ({', '.join(PRESETS)}) or a StableHLO file"
             )
+        imported = [k for k in ("param_names", "inputs", "state") if k in self.model_fields_set]
+        if self.stablehlo is None and imported:
+            raise ValueError(f"{', '.join(imported)} apply only to a stablehlo model")
+        if self.stablehlo is not None and self.args:
+            raise ValueError("args apply only to a builder; a StableHLO program fixes its sizes")
         if self.preset is not None and self.args:
             raise ValueError(f"args apply only to a builder; preset {self.preset} fixes its sizes")
         if self.step == "forward" and "optimizer" in self.model_fields_set:
@@ -444,6 +468,8 @@ class Spec(_Strict):
 
     def _build_forward(self) -> Model:
         spec = self.model
+        if spec.stablehlo is not None:
+            return self._import()
         field = "model.preset" if spec.preset is not None else "model.args"
         try:
             if spec.preset is not None:
@@ -453,6 +479,39 @@ class Spec(_Strict):
         # belongs fails in the IR (IRError) or in Python arithmetic (TypeError).
         except (ValueError, TypeError, IRError) as exc:
             raise SpecError(f"{self._source}: {field}: {exc}") from exc
+
+
+    def stablehlo_path(self) -> pathlib.Path:
+        """The StableHLO file, relative to the spec's directory."""
+        path = pathlib.Path(self.model.stablehlo)
+        return path if path.is_absolute() else pathlib.Path(self._source).parent / path
+
+    def _import(self) -> Model:
+        """The imported program, its parameters split by `inputs` and `state`."""
+        spec, path = self.model, self.stablehlo_path()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"{self._source}: model.stablehlo: cannot read {path}: {exc.strerror or exc}") from exc
+        fn = import_stablehlo(text, str(path), spec.param_names)
+        names = [p.name for p in fn.params]
+        inputs, state = (_globbed(names, patterns, f"{self._source}: model.{key}")
+                         for key, patterns in (("inputs", spec.inputs), ("state", spec.state)))
+        params = [n for n in names if n not in inputs and n not in state]
+        return Model(fn, tuple(params), tuple(n for n in names if n in inputs),
+                     tuple(n for n in names if n in state and n not in inputs))
+
+
+def _globbed(names: list[str], patterns: list[str], where: str) -> set[str]:
+    """The names matching any pattern; a pattern matching none is an error."""
+    out: set[str] = set()
+    for pattern in patterns:
+        found = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+        if not found:
+            shown = ", ".join(names[:12]) + (f", ... ({len(names)} parameters)" if len(names) > 12 else "")
+            raise SpecError(f"{where}: no parameter matches {pattern!r}; parameters: {shown}")
+        out |= found
+    return out
 
 
 class _SpecLoader(yaml.SafeLoader):

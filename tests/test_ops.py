@@ -271,6 +271,7 @@ def binary_cases() -> list[Case]:
     cases.append(Case("div", "i32_truncates", (t(6, 7, dtype="i32"),) * 2, {}, ref_int_div,
                       (ints(-20, 21), nonzero_ints(-6, 7))))
     cases.append(Case("max", "i32", (t(7, 6, dtype="i32"),) * 2, {}, lambda a, b: np.where(a > b, a, b)))
+    cases.append(Case("pow", "f32", (t(6, 7), t(6, 7)), {}, f64(np.power), (positive, default_gen)))
     return cases
 
 

@@ -134,7 +134,8 @@ def test_misspelt_key_is_reported_rather_than_the_missing_one(tmp_path):
 
 def test_unknown_model_key(tmp_path):
     _, message = load_error(tmp_path, "model: {builder: mlp, arg: {batch: 2}}\n" + MESH + HARDWARE)
-    assert ": model.arg: unknown key; valid keys: builder, preset, args, step, optimizer" in message
+    assert (": model.arg: unknown key; valid keys: builder, preset, args, stablehlo, param_names, inputs, state, "
+            "step, optimizer") in message
 
 
 def test_missing_required_key(tmp_path):
@@ -152,12 +153,12 @@ def test_duplicate_key_is_an_error(tmp_path):
 
 def test_both_builder_and_preset(tmp_path):
     _, message = load_error(tmp_path, "model: {builder: mlp, preset: gemma_2b}\n" + MESH + HARDWARE)
-    assert ": model: give either builder or preset, not both" in message
+    assert ": model: give one of builder, preset or stablehlo, not builder and preset" in message
 
 
 def test_neither_builder_nor_preset(tmp_path):
     _, message = load_error(tmp_path, "model: {step: train}\n" + MESH + HARDWARE)
-    assert ": model: missing builder or preset" in message
+    assert ": model: missing builder, preset or stablehlo" in message
     assert "mlp" in message and "gemma_2b" in message
 
 

@@ -176,6 +176,13 @@ def _vjp_pick(direction: str) -> Callable:
     return vjp
 
 
+def _vjp_pow(b, op, g, wanted):
+    # d(a^c)/da = c a^(c-1); d(a^c)/dc = a^c ln a (the result reused)
+    base, exponent = op.operands
+    ga = b.mul(g, b.mul(exponent, b.op("pow", [base, b.sub(exponent, 1.0)]))) if wanted[0] else None
+    return (ga, b.mul(g, b.mul(op.result, b.log(base))) if wanted[1] else None)
+
+
 BINARY: dict[str, tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], Callable, str]] = {
     "add": (np.add, lambda b, op, g, wanted: (g, g), "a + b"),
     "sub": (np.subtract, lambda b, op, g, wanted: (g, b.neg(g) if wanted[1] else None), "a - b"),
@@ -183,6 +190,8 @@ BINARY: dict[str, tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], Callable
     "div": (_divide, _vjp_div, "a / b (integers truncate toward zero)"),
     "max": (np.maximum, _vjp_pick("ge"), "elementwise maximum"),
     "min": (np.minimum, _vjp_pick("le"), "elementwise minimum"),
+    # StableHLO's power, which jax emits for `x ** t` with a traced t (Adam's bias correction).
+    "pow": (np.power, _vjp_pow, "a ** b"),
 }
 
 

@@ -1,0 +1,211 @@
+"""Write the StableHLO fixtures of tests/fixtures/ (needs jax; the tests do not).
+
+    python tools/export_fixtures.py [OUT_DIR]     # default: tests/fixtures
+
+For each program: `<name>.mlir`, the text `jax.jit(step).lower(*args).as_text()`
+prints; `<name>.npz`, its inputs (`in.<i>`) and the outputs jax computed
+(`out.<i>`) on CPU in float32, for the importer's execution test; and
+`<name>.yaml`, a shardplan spec of the program: its parameter names (jax
+prints result names but no argument names), which are batch inputs and
+optimizer state, a mesh, and the BP and BP+MP schedules with their expected
+collective counts (the formulas of PartIR's Table 2). Programs:
+
+  mlp_train          the TOAST/PartIR 2-layer MLP, MSE loss, one Adam step
+  transformer_train  a 2-layer decoder-only transformer (embedding lookup,
+                     RMSNorm, causal multi-head softmax attention, gelu MLP,
+                     untied output projection, cross-entropy), one Adam step
+
+Adam is written by hand (no optax), so the program is plain jnp. The step
+takes (params, batch, m, v, step); its arguments are named after their
+pytree paths the way shardplan's builders name theirs (`w1`,
+`layers.0.wq`, `batch.x`, `opt.m.w1`, `opt.v.w1`, `opt.step`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_platforms", "cpu")
+
+B1, B2, LR, EPS = 0.9, 0.999, 1e-3, 1e-8
+
+
+def adam(params, grads, m, v, step):
+    """One Adam update with bias correction; `step` is the (float) step number."""
+    t = step + 1.0
+    m = jax.tree.map(lambda m, g: B1 * m + (1 - B1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: B2 * v + (1 - B2) * g * g, v, grads)
+    c1, c2 = 1 - B1 ** t, 1 - B2 ** t
+    params = jax.tree.map(lambda p, m, v: p - LR * (m / c1) / (jnp.sqrt(v / c2) + EPS), params, m, v)
+    return params, m, v, t
+
+
+def train_step(loss_fn):
+    def step(params, batch, m, v, step):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        params, m, v, t = adam(params, grads, m, v, step)
+        return loss, params, m, v, t
+    return step
+
+
+# ------------------------------------------------------------------ mlp
+
+
+def mlp_loss(params, batch):
+    h = jax.nn.relu(batch["x"] @ params["w1"])
+    y = h @ params["w2"]
+    return jnp.mean((y - batch["target"]) ** 2)
+
+
+def mlp_args(rng):
+    params = {"w1": rng.normal(size=(16, 32)) * 0.3, "w2": rng.normal(size=(32, 8)) * 0.3}
+    batch = {"x": rng.normal(size=(8, 16)), "target": rng.normal(size=(8, 8))}
+    return params, batch
+
+
+# ------------------------------------------------------------------ transformer
+
+LAYERS, D, HEADS, HEAD_DIM, HIDDEN, VOCAB, SEQ, BATCH = 2, 16, 2, 8, 32, 24, 8, 4
+
+
+def rms_norm(x, scale):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def attention(x, p):
+    q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
+    k = jnp.einsum("bsd,dhk->bshk", x, p["wk"])
+    v = jnp.einsum("bsd,dhk->bshk", x, p["wv"])
+    scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(HEAD_DIM)
+    causal = jnp.arange(SEQ)[:, None] >= jnp.arange(SEQ)[None, :]
+    scores = jnp.where(causal, scores, -1e9)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+    return jnp.einsum("bqhk,hkd->bqd", out, p["wo"])
+
+
+def transformer_loss(params, batch):
+    x = params["embed"][batch["tokens"]]
+    for p in params["layers"]:
+        x = x + attention(rms_norm(x, p["attn_norm"]), p)
+        h = jax.nn.gelu(rms_norm(x, p["mlp_norm"]) @ p["w_up"])
+        x = x + h @ p["w_down"]
+    logits = rms_norm(x, params["final_norm"]) @ params["unembed"]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    onehot = jax.nn.one_hot(batch["targets"], VOCAB)
+    return -jnp.mean(jnp.sum(onehot * logp, axis=-1))
+
+
+def transformer_args(rng):
+    def w(*shape):
+        return rng.normal(size=shape) / np.sqrt(shape[0])
+
+    layers = [{"attn_norm": np.ones(D), "wq": w(D, HEADS, HEAD_DIM), "wk": w(D, HEADS, HEAD_DIM),
+               "wv": w(D, HEADS, HEAD_DIM), "wo": w(HEADS, HEAD_DIM, D) / np.sqrt(HEADS), "mlp_norm": np.ones(D),
+               "w_up": w(D, HIDDEN), "w_down": w(HIDDEN, D)} for _ in range(LAYERS)]
+    params = {"embed": rng.normal(size=(VOCAB, D)), "layers": layers, "final_norm": np.ones(D),
+              "unembed": w(D, VOCAB)}
+    batch = {"tokens": rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32),
+             "targets": rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)}
+    return params, batch
+
+
+# ------------------------------------------------------------------ export
+
+PROGRAMS = {"mlp_train": (mlp_loss, mlp_args), "transformer_train": (transformer_loss, transformer_args)}
+PREFIXES = ("", "batch.", "opt.m.", "opt.v.")  # of params, batch, m, v; the step count is opt.step
+
+SPEC = """\
+# Generated by tools/export_fixtures.py: the StableHLO jax printed for {what},
+# imported by shardplan. Expected counts are PartIR's Table 2 formulas with
+# P = {P} trainable parameter tensors{layers}.
+description: {what}, exported from jax as StableHLO, on 8 devices (4-way batch x 2-way model).
+model:
+  stablehlo: {name}.mlir
+  param_names: [{names}]
+  inputs: ["batch.*"]
+  state: ["opt.*"]
+devices: 8
+mesh: {{batch: 4, model: 2}}
+hardware: A100-80GB
+schedules:
+  BP:
+    tactics:
+      - manual: {{axis: batch, values: {{{batch}: 0}}}}
+    expect:
+      all_reduce: {bp}   # P + 1: one per parameter gradient, one for the loss
+      fits: true
+  BP+MP:
+    extends: BP
+    tactics:
+      - manual: {{axis: model, values: {{{megatron}}}}}
+    expect:
+      all_reduce: {mp}   # {mp_formula}
+      fits: true
+"""
+
+
+def arg_names(args) -> list[str]:
+    """shardplan-style names of the flat arguments, from their pytree paths."""
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]:
+        top, *rest = path
+        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in rest]
+        names.append("opt.step" if top.idx == 4 else PREFIXES[top.idx] + ".".join(keys))
+    return names
+
+
+def write_spec(name: str, out: pathlib.Path, names: list[str], params: int) -> None:
+    if name == "mlp_train":
+        fields = dict(what="the 2-layer MLP's Adam training step", layers="", batch="batch.x",
+                      megatron="w1: 1", mp=params + 2,
+                      mp_formula="P + 1 + 1: y = h @ w2 contracts the model-sharded hidden dim")
+    else:
+        fields = dict(what=f"a {LAYERS}-layer transformer's Adam training step", layers=f" (L = {LAYERS})",
+                      batch="batch.tokens", megatron='"layers.*.wq": 1, "layers.*.w_up": 1', mp=params + 1 + 4 * LAYERS,
+                      mp_formula="P + 1 + 4L: per layer 2 forward (attention output, MLP down) and 2 backward "
+                      "(the normed inputs' cotangents)")
+    text = SPEC.format(name=name, P=params, names=", ".join(names), bp=params + 1, **fields)
+    (out / f"{name}.yaml").write_text(text)
+
+
+def example_args(name: str) -> tuple:
+    """The step's arguments (params, batch, m, v, step) for program `name`, seeded."""
+    _, make_args = PROGRAMS[name]
+    params, batch = make_args(np.random.default_rng(0))
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    batch = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if a.dtype != np.int32 else jnp.asarray(a), batch)
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(lambda a: jnp.full_like(a, 0.01), params)
+    return params, batch, m, v, jnp.float32(3.0)
+
+
+def export(name: str, out: pathlib.Path) -> None:
+    loss_fn, _ = PROGRAMS[name]
+    args = example_args(name)
+    params = args[0]
+    step = jax.jit(train_step(loss_fn))
+    (out / f"{name}.mlir").write_text(step.lower(*args).as_text())
+    flat_in = jax.tree.leaves(args)
+    flat_out = jax.tree.leaves(step(*args))
+    arrays = {f"in.{i}": np.asarray(a) for i, a in enumerate(flat_in)}
+    arrays |= {f"out.{i}": np.asarray(a) for i, a in enumerate(flat_out)}
+    np.savez_compressed(out / f"{name}.npz", **arrays)
+    write_spec(name, out, arg_names(args), len(jax.tree.leaves(params)))
+    print(f"{out / name}.mlir: {len(flat_in)} arguments, {len(flat_out)} results")
+
+
+def main(argv: list[str]) -> None:
+    out = pathlib.Path(argv[0]) if argv else pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in PROGRAMS:
+        export(name, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

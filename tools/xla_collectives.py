@@ -1,0 +1,95 @@
+"""Run a jax fixture with the shardings `shardplan export` gives it, and count
+the collectives XLA inserts (needs jax; the test that uses it skips without).
+
+    python tools/xla_collectives.py tests/fixtures/transformer_train.yaml --schedule BP+MP
+
+Plans the spec's schedule, exports it (`solver.export.export_json`), jits the
+fixture's jax step (tools/export_fixtures.py) on 8 simulated CPU devices with
+those in_shardings and out_shardings, and prints one JSON object:
+
+  max_abs_diff   largest difference between the sharded and unsharded results
+  xla            per collective kind: {"ops": N, "tensors": N} in the compiled
+                 HLO (XLA combines several all-reduces into one op of a tuple,
+                 so tensors is the figure to compare)
+  shardplan      the device-local program's collective counts
+
+XLA_FLAGS must give 8 host devices before jax is imported, so run this as a
+process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import export_fixtures  # noqa: E402
+
+from solver.export import export_json  # noqa: E402
+from solver.planner import collective_counts, plan_report, plan_spec  # noqa: E402
+from solver.spec import load_spec  # noqa: E402
+
+XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
+             "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
+
+
+def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
+    """Collective ops of compiled HLO text and the tensors they move."""
+    out = {}
+    for xla_name, name in XLA_KINDS.items():
+        calls = [m.group(1) for m in re.finditer(rf"\s{xla_name}(?:-start)?\(([^)]*)\)", hlo)]
+        if calls:
+            out[name] = {"ops": len(calls), "tensors": sum(c.count("%") for c in calls)}
+    return out
+
+
+def named(mesh, entries) -> NamedSharding:
+    return NamedSharding(mesh, P(*[tuple(e) if isinstance(e, list) else e for e in entries]))
+
+
+def compare(spec_path: str, schedule: str | None) -> dict:
+    spec = load_spec(spec_path)
+    planned = plan_spec(spec, schedule=schedule)
+    exported = export_json(plan_report(planned, "none"))
+    program = pathlib.Path(spec.model.stablehlo).stem
+    loss_fn, _ = export_fixtures.PROGRAMS[program]
+    data = np.load(spec.stablehlo_path().with_suffix(".npz"))
+    step = export_fixtures.train_step(loss_fn)
+    flat_in = [jnp.asarray(data[f"in.{i}"]) for i in range(len(exported["in_shardings"]))]
+    treedef = jax.tree.structure(export_fixtures.example_args(program))
+    args = jax.tree.unflatten(treedef, flat_in)
+    out_tree = jax.tree.structure(jax.eval_shape(step, *args))
+    mesh = jax.make_mesh(tuple(exported["mesh"]["shape"]), tuple(exported["mesh"]["axes"]))
+    in_shardings = jax.tree.unflatten(treedef, [named(mesh, s["partition_spec"]) for s in exported["in_shardings"]])
+    out_shardings = jax.tree.unflatten(out_tree, [named(mesh, s["partition_spec"]) for s in exported["out_shardings"]])
+    sharded = jax.jit(step, in_shardings=in_shardings, out_shardings=out_shardings)
+    hlo = sharded.lower(*args).compile().as_text()
+    got, want = jax.tree.leaves(sharded(*args)), jax.tree.leaves(jax.jit(step)(*args))
+    return {
+        "spec": spec.name,
+        "schedule": planned.schedule,
+        "max_abs_diff": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(got, want)),
+        "xla": xla_collectives(hlo),
+        "shardplan": {k: v for k, v in collective_counts(planned.lowered).items() if v},
+    }
+
+
+def main(argv: list[str]) -> None:
+    schedule = argv[argv.index("--schedule") + 1] if "--schedule" in argv else None
+    print(json.dumps(compare(argv[0], schedule), indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
