@@ -206,6 +206,52 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED
 
 
+def cmd_iopddl_solve(args: argparse.Namespace) -> int:
+    from solver.iopddl import SolveOptions, read_problem, solve
+
+    start = time.perf_counter()
+    problem = read_problem(args.file)
+    read_s = time.perf_counter() - start
+    progress = None if args.quiet or not sys.stderr.isatty() else (
+        lambda line: print(f"\r{line}", end="", file=sys.stderr, flush=True))
+    result = solve(problem, SolveOptions(args.time_limit, args.workers, args.seed, args.max_rounds), progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    report = {"instance": problem.name, "file": args.file, "nodes": problem.num_nodes, "edges": problem.num_edges,
+              "usage_limit": problem.usage_limit, "read_s": read_s, **result.to_json()}
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"instance": problem.name, "cost": result.evaluation.cost,
+                       "strategies": list(result.strategies)}, f)
+            f.write("\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        ev = result.evaluation
+        print(f"{args.file}: {problem.name}, {problem.num_nodes} nodes, {problem.num_edges} edges "
+              f"(read in {read_s:.1f} s)")
+        print(f"{result.message}: cost {ev.cost:,}, peak usage {ev.peak:,} of {problem.usage_limit:,}, "
+              f"{result.seconds:.1f} s ({result.rounds} neighbourhoods, {result.improvements} improved)")
+        print(" ".join(map(str, result.strategies)))
+    return 0 if result.evaluation.feasible else EXIT_INPUT_ERROR
+
+
+def cmd_iopddl_eval(args: argparse.Namespace) -> int:
+    from solver.iopddl import evaluate, read_problem, read_solution
+
+    problem = read_problem(args.file)
+    ev = evaluate(problem, read_solution(args.solution))
+    if args.json:
+        print(json.dumps({"instance": problem.name, **ev.to_json()}, indent=2))
+    else:
+        state = "feasible" if ev.feasible else "INFEASIBLE"
+        where = f"; usage over the limit first at step {ev.first_violation}" if ev.first_violation is not None else ""
+        forbidden = f"; {ev.forbidden} forbidden choice(s)" if ev.forbidden else ""
+        print(f"{problem.name}: {state}: cost {ev.cost:,}, peak usage {ev.peak:,} of {problem.usage_limit:,}"
+              f"{where}{forbidden}")
+    return 0 if ev.feasible else EXIT_INPUT_ERROR
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"shardplan": version(), "python": sys.version.split()[0], "numpy": np.__version__}))
@@ -280,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (README)")
     p.set_defaults(func=cmd_compare)
 
+    _iopddl_parser(sub)
+
     summary = "check that each spec's named schedules produce the collective counts and memory fit they expect"
     p = sub.add_parser("check", help=summary, description=summary[0].upper() + summary[1:] + ". Exit 0 when "
                        "all do, 4 when one does not, 1 when a spec cannot be read or planned.")
@@ -287,6 +335,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
     p.set_defaults(func=cmd_check)
     return parser
+
+
+def _iopddl_parser(sub) -> None:
+    summary = "the IOPDDL auto-sharding benchmark format: solve an instance or evaluate a solution"
+    p = sub.add_parser("iopddl", help=summary, description=summary[0].upper() + summary[1:] + ".")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    s = verbs.add_parser("solve", help="solve an instance (.json or .json.gz) within a time limit",
+                         description="Solve an IOPDDL instance: presolve, a least-memory start improved greedily, "
+                         "then CP-SAT on neighbourhoods of the incumbent until the time limit. Prints the cost, "
+                         "feasibility and time, then the strategy list (one index per node). Exit 1 when no "
+                         "feasible solution was found.")
+    s.add_argument("file", help="instance, e.g. ../shared/iopddl/asplos-2025-iopddl-B.json.gz")
+    s.add_argument("--time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
+                   help="wall-clock limit of the solve after reading (default 60)")
+    s.add_argument("--workers", type=_positive_int, default=1, help="CP-SAT workers (default 1)")
+    s.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    s.add_argument("--max-rounds", type=_positive_int, metavar="N",
+                   help="stop after N neighbourhoods (with --workers 1, a reproducible search)")
+    s.add_argument("--out", metavar="FILE", help="write {\"instance\", \"cost\", \"strategies\"} to FILE")
+    s.add_argument("--quiet", action="store_true", help="no progress line on the terminal")
+    s.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    s.set_defaults(func=cmd_iopddl_solve)
+    e = verbs.add_parser("eval", help="evaluate a solution: exact cost, peak usage, feasibility",
+                         description="Evaluate a solution of an IOPDDL instance exactly: its cost (unbounded "
+                         "integer sum), the peak usage and, if infeasible, the first time step over the limit "
+                         "and the forbidden choices. Exit 1 when it is infeasible.")
+    e.add_argument("file", help="instance (.json or .json.gz)")
+    e.add_argument("solution", help="JSON list of strategy indices, or the object `solve --out` writes")
+    e.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    e.set_defaults(func=cmd_iopddl_eval)
 
 
 def _export_parser(sub) -> None:

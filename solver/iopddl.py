@@ -1,0 +1,763 @@
+"""The IOPDDL intra-operator parallelism problem (ASPLOS/EuroSys 2025
+contest; instances in ../shared/iopddl/): read it, evaluate a solution
+exactly, and solve it under a time limit.
+
+A problem: nodes, each with strategies (a cost and a memory usage each) and
+a live interval [start, end) of time steps; edges between two nodes, each
+with a cost per pair of their strategies; a memory limit. A solution picks
+one strategy per node; its cost is the chosen node costs plus the chosen
+edge entries, and it is feasible when at every time step the usages of the
+live nodes sum to at most the limit. 10^18 marks a forbidden choice.
+
+Solver (`solve`):
+  1. presolve: drop forbidden and dominated strategies, fold nodes left
+     with one strategy into their neighbours, merge parallel edges;
+  2. a feasible start: every node at its least-usage strategy (the limit
+     is about 1.1x that peak in every instance), then greedy descent:
+     each node to its cheapest strategy that keeps memory feasible;
+  3. large-neighbourhood search: CP-SAT re-solves a neighbourhood (nodes
+     near a random node in the graph, or live in a random time window) with
+     everything else fixed at the incumbent, which hints it; an improvement
+     is kept. The memory of a neighbourhood is one constraint per segment
+     of time over which its set of live nodes is constant (the others'
+     usage enters as the segment's peak), and only where the neighbourhood
+     could exceed the limit there.
+Costs are summed in Python ints (they overflow int64); CP-SAT sees costs
+relative to each node's and edge's minimum, which fit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ir.core import IRError
+
+INFINITE = 10**18  # the instances' "forbidden" cost
+
+
+class IopddlError(IRError):
+    """A malformed problem or solution file; the message names the file and field."""
+
+
+# ------------------------------------------------------------------ problems
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An instance in numpy form. `node_costs[v]`, `node_usages[v]`: int64
+    per strategy of node v; `edge_costs[e]`: int64 [|S_u|, |S_v|] for edge
+    e = (u, v) = `edges[e]`; intervals [start, end) per node."""
+
+    name: str
+    intervals: np.ndarray  # [n, 2] int64
+    node_costs: tuple[np.ndarray, ...]
+    node_usages: tuple[np.ndarray, ...]
+    edges: np.ndarray  # [m, 2] int64
+    edge_costs: tuple[np.ndarray, ...]
+    usage_limit: int
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_costs)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edge_costs)
+
+    @property
+    def horizon(self) -> int:
+        """One past the last time step any node is live at."""
+        return int(self.intervals[:, 1].max(initial=0))
+
+
+def read_problem(path: str | os.PathLike[str]) -> Problem:
+    """Read a `.json` or `.json.gz` instance; IopddlError names what is wrong."""
+    path = os.fspath(path)
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise IopddlError(f"{path}: not a JSON instance: {exc}") from exc
+    return parse_problem(data, path)
+
+
+def parse_problem(data: Any, where: str = "<problem>") -> Problem:
+    """Validate the instance object (`{"problem": {...}}`) and convert it."""
+    problem = _field(data, "problem", dict, where)
+    nodes = _field(problem, "nodes", dict, f"{where}: problem")
+    edges = _field(problem, "edges", dict, f"{where}: problem")
+    intervals = _field(nodes, "intervals", list, f"{where}: problem.nodes")
+    costs = _field(nodes, "costs", list, f"{where}: problem.nodes")
+    usages = _field(nodes, "usages", list, f"{where}: problem.nodes")
+    if not len(intervals) == len(costs) == len(usages):
+        raise IopddlError(f"{where}: problem.nodes: intervals, costs and usages have different lengths "
+                          f"({len(intervals)}, {len(costs)}, {len(usages)})")
+    node_costs = tuple(_ints(c, f"{where}: problem.nodes.costs[{v}]") for v, c in enumerate(costs))
+    node_usages = tuple(_ints(u, f"{where}: problem.nodes.usages[{v}]") for v, u in enumerate(usages))
+    for v, (c, u) in enumerate(zip(node_costs, node_usages)):
+        if len(c) == 0 or len(c) != len(u):
+            raise IopddlError(f"{where}: problem.nodes: node {v} has {len(c)} costs and {len(u)} usages "
+                              "(need the same positive number)")
+        if (u < 0).any():
+            raise IopddlError(f"{where}: problem.nodes.usages[{v}]: negative usage {int(u.min())}")
+    iv = _interval_array(intervals, where)
+    pairs = _field(edges, "nodes", list, f"{where}: problem.edges")
+    edge_lists = _field(edges, "costs", list, f"{where}: problem.edges")
+    if len(pairs) != len(edge_lists):
+        raise IopddlError(f"{where}: problem.edges: {len(pairs)} node pairs but {len(edge_lists)} cost lists")
+    e = _edge_array(pairs, len(node_costs), where)
+    edge_costs = []
+    for k, (u, v) in enumerate(e):
+        flat = _ints(edge_lists[k], f"{where}: problem.edges.costs[{k}]")
+        su, sv = len(node_costs[u]), len(node_costs[v])
+        if len(flat) != su * sv:
+            raise IopddlError(f"{where}: problem.edges.costs[{k}]: {len(flat)} costs for nodes {u} and {v} with "
+                              f"{su} x {sv} strategies")
+        edge_costs.append(flat.reshape(su, sv))
+    limit = problem.get("usage_limit")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise IopddlError(f"{where}: problem.usage_limit: expected a non-negative integer, got {limit!r}")
+    return Problem(str(problem.get("name", where)), iv, node_costs, node_usages, e, tuple(edge_costs), limit)
+
+
+def _field(obj: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise IopddlError(f"{where}: missing key {key!r}")
+    if not isinstance(obj[key], kind):
+        raise IopddlError(f"{where}.{key}: expected a {kind.__name__}, got {type(obj[key]).__name__}")
+    return obj[key]
+
+
+def _ints(values: Any, where: str) -> np.ndarray:
+    if not isinstance(values, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        raise IopddlError(f"{where}: expected a list of integers")
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        raise IopddlError(f"{where}: a value does not fit in 64 bits") from None
+
+
+def _interval_array(intervals: list, where: str) -> np.ndarray:
+    if not all(isinstance(iv, list) and len(iv) == 2 for iv in intervals):
+        raise IopddlError(f"{where}: problem.nodes.intervals: each interval is a pair [start, end]")
+    iv = _ints([x for pair in intervals for x in pair], f"{where}: problem.nodes.intervals").reshape(-1, 2)
+    bad = np.nonzero((iv[:, 0] < 0) | (iv[:, 1] < iv[:, 0]))[0]
+    if len(bad):
+        raise IopddlError(f"{where}: problem.nodes.intervals[{bad[0]}]: {iv[bad[0]].tolist()} is not "
+                          "0 <= start <= end")
+    return iv
+
+
+def _edge_array(pairs: list, n: int, where: str) -> np.ndarray:
+    if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise IopddlError(f"{where}: problem.edges.nodes: each edge is a pair [u, v]")
+    e = _ints([x for p in pairs for x in p], f"{where}: problem.edges.nodes").reshape(-1, 2)
+    bad = np.nonzero((e < 0).any(axis=1) | (e >= n).any(axis=1))[0]
+    if len(bad):
+        raise IopddlError(f"{where}: problem.edges.nodes[{bad[0]}]: {e[bad[0]].tolist()} names a node outside "
+                          f"0..{n - 1}")
+    return e
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The exact cost (Python int), the memory peak, and feasibility: no
+    forbidden choice and usage within the limit at every step; otherwise
+    the first step over the limit (None if memory is fine)."""
+
+    cost: int
+    peak: int
+    feasible: bool
+    forbidden: int  # chosen node or edge entries at the forbidden cost
+    first_violation: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cost": self.cost, "peak_usage": self.peak, "feasible": self.feasible,
+                "forbidden_choices": self.forbidden, "first_violated_step": self.first_violation}
+
+
+def usage_profile(problem: Problem, strategies: np.ndarray) -> np.ndarray:
+    """Usage summed over the live nodes at every time step (int64: usages
+    are far below the int64 range; one node's at most about 10^11)."""
+    horizon = problem.horizon
+    delta = np.zeros(horizon + 1, dtype=np.int64)
+    chosen = np.array([problem.node_usages[v][s] for v, s in enumerate(strategies)], dtype=np.int64)
+    np.add.at(delta, problem.intervals[:, 0], chosen)
+    np.add.at(delta, problem.intervals[:, 1], -chosen)
+    return np.cumsum(delta[:-1])
+
+
+def evaluate(problem: Problem, strategies: Sequence[int]) -> Evaluation:
+    """Cost, peak and feasibility of `strategies` (one index per node)."""
+    s = np.asarray(strategies, dtype=np.int64)
+    if s.shape != (problem.num_nodes,):
+        raise IopddlError(f"a solution needs {problem.num_nodes} strategies, got {len(strategies)}")
+    for v, k in enumerate(s):
+        if not 0 <= k < len(problem.node_costs[v]):
+            raise IopddlError(f"strategy {int(k)} of node {v} is not one of 0..{len(problem.node_costs[v]) - 1}")
+    chosen = [int(problem.node_costs[v][k]) for v, k in enumerate(s)]
+    chosen += [int(m[s[u], s[v]]) for (u, v), m in zip(problem.edges, problem.edge_costs)]
+    profile = usage_profile(problem, s)
+    over = np.nonzero(profile > problem.usage_limit)[0]
+    forbidden = sum(c >= INFINITE for c in chosen)
+    return Evaluation(sum(chosen), int(profile.max(initial=0)), not len(over) and not forbidden, forbidden,
+                      int(over[0]) if len(over) else None)
+
+
+def read_solution(path: str | os.PathLike[str]) -> list[int]:
+    """A solution file: a JSON list of strategy indices, or an object with
+    one under "strategies" (what `shardplan iopddl solve --out` writes)."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IopddlError(f"{path}: not JSON: {exc}") from exc
+    if isinstance(data, dict):
+        data = data.get("strategies")
+    if not isinstance(data, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise IopddlError(f"{path}: expected a list of strategy indices (or {{\"strategies\": [...]}})")
+    return data
+
+
+# ------------------------------------------------------------------ presolve
+
+
+@dataclass
+class _Reduced:
+    """The problem after presolve. Every node keeps `kept[v]` (original
+    strategy indices) with `cost[v]`, `usage[v]` over them; a node with one
+    kept strategy is fixed (its edges were folded into its neighbours'
+    costs). `edges[(u, v)]` (u < v, both free) is the merged cost matrix
+    over kept strategies, INFINITE where forbidden; `adjacent[v]` lists
+    (neighbour, key)."""
+
+    kept: list[np.ndarray]
+    cost: list[np.ndarray]
+    usage: list[np.ndarray]
+    edges: dict[tuple[int, int], np.ndarray]
+    adjacent: list[list[tuple[int, tuple[int, int]]]] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def free(self, v: int) -> bool:
+        return len(self.kept[v]) > 1
+
+    def matrix(self, v: int, key: tuple[int, int]) -> np.ndarray:
+        """The edge's matrix with v's strategies as rows."""
+        m = self.edges[key]
+        return m if key[0] == v else m.T
+
+
+def presolve(problem: Problem) -> _Reduced:
+    """Forbidden and dominated strategies dropped, parallel edges merged,
+    nodes with a single strategy folded into their neighbours."""
+    n = problem.num_nodes
+    kept = [np.nonzero(c < INFINITE)[0] for c in problem.node_costs]
+    empty = [v for v in range(n) if len(kept[v]) == 0]
+    if empty:
+        raise IopddlError(f"node {empty[0]} has only forbidden strategies: the problem has no solution")
+    red = _Reduced(kept, [problem.node_costs[v][kept[v]].copy() for v in range(n)],
+                   [problem.node_usages[v][kept[v]].copy() for v in range(n)], {})
+    red.stats = {"strategies": sum(len(c) for c in problem.node_costs), "edges": problem.num_edges}
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
+        m = m[np.ix_(red.kept[u], red.kept[v])]
+        if u == v:  # a self-edge only ever takes its diagonal
+            red.cost[u] = np.minimum(red.cost[u] + np.diagonal(m), INFINITE)
+            continue
+        key, m = ((u, v), m) if u < v else ((v, u), m.T)
+        red.edges[key] = red.edges[key] + m if key in red.edges else m.astype(np.int64)
+    red.edges = {k: np.minimum(m, INFINITE) for k, m in red.edges.items()}  # sums of forbidden stay forbidden
+    red.stats["merged_edges"] = len(red.edges)
+    _rebuild_adjacency(red)
+    for v in range(n):  # a forbidden self-edge diagonal forbids that strategy
+        allowed = np.nonzero(red.cost[v] < INFINITE)[0]
+        if len(allowed) == 0:
+            raise IopddlError(f"node {v} has only forbidden strategies: the problem has no solution")
+        if len(allowed) < len(red.kept[v]):
+            _keep(red, v, allowed)
+    _drop_dominated(red)
+    _fold_fixed(red)
+    red.stats["free_nodes"] = sum(red.free(v) for v in range(n))
+    red.stats["free_strategies"] = sum(len(k) for k in red.kept if len(k) > 1)
+    red.stats["free_edges"] = len(red.edges)
+    return red
+
+
+def _rebuild_adjacency(red: _Reduced) -> None:
+    red.adjacent = [[] for _ in red.kept]
+    for key in red.edges:
+        red.adjacent[key[0]].append((key[1], key))
+        red.adjacent[key[1]].append((key[0], key))
+
+
+def _keep(red: _Reduced, v: int, rows: np.ndarray) -> None:
+    """Restrict node v to its kept strategies at positions `rows`."""
+    red.kept[v], red.cost[v], red.usage[v] = red.kept[v][rows], red.cost[v][rows], red.usage[v][rows]
+    for _, key in red.adjacent[v]:
+        red.edges[key] = red.edges[key][rows, :] if key[0] == v else red.edges[key][:, rows]
+
+
+# Dominance compares every pair of a node's strategies on all its features;
+# skip nodes where that would be slow (hundreds of strategies, many edges).
+_DOMINANCE_BUDGET = 4_000_000
+
+
+def _drop_dominated(red: _Reduced) -> None:
+    """Drop s when another strategy is no worse in cost, usage and every
+    edge row (identical ones: keep the first). Forbidden pairs count as
+    the largest cost, so a strategy free of them can dominate."""
+    dropped = 0
+    for v in range(len(red.kept)):
+        s = len(red.kept[v])
+        if s < 2:
+            continue
+        rows = [red.cost[v][:, None], red.usage[v][:, None]] + [red.matrix(v, k) for _, k in red.adjacent[v]]
+        features = np.concatenate(rows, axis=1)
+        if s * s * features.shape[1] > _DOMINANCE_BUDGET:
+            continue
+        no_worse = (features[:, None, :] <= features[None, :, :]).all(axis=2)  # [a, b]: a no worse than b
+        equal = no_worse & no_worse.T
+        strictly = no_worse & ~equal
+        earlier_equal = np.triu(equal, k=1)  # a < b and identical: b is dropped
+        dominated = strictly.any(axis=0) | earlier_equal.any(axis=0)
+        if dominated.any():
+            dropped += int(dominated.sum())
+            _keep(red, v, np.nonzero(~dominated)[0])
+    red.stats["dominated"] = dropped
+
+
+def _fold_fixed(red: _Reduced) -> None:
+    """Fold every edge with a single-strategy end into the other end's
+    costs; repeat while folding leaves new single-strategy nodes (a row of
+    only forbidden entries drops that strategy)."""
+    queue = [v for v in range(len(red.kept)) if len(red.kept[v]) == 1]
+    while queue:
+        v = queue.pop()
+        for w, key in list(red.adjacent[v]):
+            column = red.matrix(w, key)[:, 0]
+            red.cost[w] = np.minimum(red.cost[w] + column, INFINITE)
+            del red.edges[key]
+            red.adjacent[w] = [(x, k) for x, k in red.adjacent[w] if k != key]
+            allowed = np.nonzero(red.cost[w] < INFINITE)[0]
+            if len(allowed) == 0:
+                raise IopddlError(f"node {w} has no strategy compatible with its fixed neighbours: no solution")
+            if len(allowed) < len(red.kept[w]):
+                _keep(red, w, allowed)
+            if len(red.kept[w]) == 1 and red.adjacent[w]:
+                queue.append(w)
+        red.adjacent[v] = []
+
+
+# ------------------------------------------------------------------ search state
+
+
+class _State:
+    """An assignment of the reduced problem (`choice[v]`: a position in
+    `kept[v]`) with its usage profile, kept up to date by `move`."""
+
+    def __init__(self, problem: Problem, red: _Reduced, choice: np.ndarray):
+        self.problem, self.red, self.choice = problem, red, choice
+        self.start, self.end = problem.intervals[:, 0], problem.intervals[:, 1]
+        chosen = self.original()
+        self.profile = usage_profile(problem, chosen)
+
+    def original(self) -> np.ndarray:
+        """Strategy indices of the original problem."""
+        return np.array([self.red.kept[v][c] for v, c in enumerate(self.choice)], dtype=np.int64)
+
+    def node_cost(self, v: int, s: int, choice: np.ndarray | None = None) -> int:
+        """v's unary cost at s plus its edges to the current neighbours' choices."""
+        choice = self.choice if choice is None else choice
+        total = int(self.red.cost[v][s])
+        for w, key in self.red.adjacent[v]:
+            total += int(self.red.matrix(v, key)[s, choice[w]])
+        return total
+
+    def costs_of(self, v: int) -> np.ndarray:
+        """v's cost at every strategy given the neighbours' choices (int64, capped)."""
+        total = self.red.cost[v].astype(np.int64).copy()
+        for w, key in self.red.adjacent[v]:
+            total = np.minimum(total + self.red.matrix(v, key)[:, self.choice[w]], INFINITE)
+        return total
+
+    def headroom(self, v: int) -> int:
+        """How much more v may use over its interval without breaking the limit."""
+        a, b = self.start[v], self.end[v]
+        if a >= b:
+            return INFINITE
+        return self.problem.usage_limit - int(self.profile[a:b].max())
+
+    def move(self, v: int, s: int) -> None:
+        delta = int(self.red.usage[v][s] - self.red.usage[v][self.choice[v]])
+        if delta:
+            self.profile[self.start[v]:self.end[v]] += delta
+        self.choice[v] = s
+
+
+def _start(problem: Problem, red: _Reduced) -> _State:
+    """Least usage everywhere (cheapest among ties): feasible whenever any
+    assignment is, unless forbidden pairs get in the way (greedy fixes those)."""
+    choice = np.array([int(np.lexsort((c, u))[0]) for c, u in zip(red.cost, red.usage)], dtype=np.int64)
+    return _State(problem, red, choice)
+
+
+def _greedy(state: _State, order: Sequence[int], deadline: float) -> int:
+    """One sweep: each node to its cheapest strategy that fits in memory.
+    Returns how many nodes moved."""
+    moved = 0
+    for v in order:
+        if time.perf_counter() > deadline:
+            break
+        costs = state.costs_of(v)
+        current = state.choice[v]
+        room = state.headroom(v) + int(state.red.usage[v][current])
+        fits = state.red.usage[v] <= room
+        costs = np.where(fits, costs, INFINITE + 1)
+        best = int(np.argmin(costs))
+        if costs[best] < costs[current]:
+            state.move(v, best)
+            moved += 1
+    return moved
+
+
+# ------------------------------------------------------------------ large-neighbourhood search
+
+
+def _model_size(red: _Reduced, free: list[int]) -> int:
+    """Literals of one model of the whole reduced problem (the tight form)."""
+    return sum(len(red.kept[v]) for v in free) + sum(m.size for m in red.edges.values())
+
+
+def _hot_nodes(state: _State, free: list[int]) -> list[int]:
+    """The free nodes to seed neighbourhoods from: those touching a
+    forbidden choice if any remain (all of them: repairing comes first),
+    else the 16 whose terms cost most under the incumbent (a mismatched
+    pair on an edge that only a chain of changes can fix)."""
+    local = np.array([state.costs_of(v)[state.choice[v]] for v in free], dtype=np.int64)
+    order = np.argsort(-local, kind="stable")
+    forbidden = int((local >= INFINITE).sum())
+    return [free[i] for i in order[:max(forbidden, 16)]]
+
+
+def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[int], hot: list[int]) -> list[int]:
+    """Up to `budget` strategies' worth of free nodes, grown breadth-first
+    in the graph from seeds: one of the most expensive nodes (half the
+    time), a random node, or the nodes live at a random time step near the
+    memory peak (the ones that must trade memory with each other)."""
+    red = state.red
+    kind = rng.random()
+    if kind < 0.5 or (kind < 0.9 and len(hot) > 16):  # repairs forbidden choices first
+        seeds = [rng.choice(hot)]
+    elif kind < 0.75:
+        seeds = [rng.choice(free)]
+    else:
+        steps = np.nonzero(state.profile >= np.quantile(state.profile, 0.9))[0] if len(state.profile) else []
+        t = int(rng.choice(list(steps))) if len(steps) else 0
+        seeds = [v for v in free if state.start[v] <= t < state.end[v]]
+        rng.shuffle(seeds)
+    chosen: list[int] = []
+    seen = set()
+    size = 0
+    queue = list(seeds)
+    while queue and size < budget:
+        v = queue.pop(0)
+        if v in seen:
+            continue
+        seen.add(v)
+        chosen.append(v)
+        size += len(red.kept[v])
+        neighbours = [w for w, _ in red.adjacent[v] if w not in seen]
+        rng.shuffle(neighbours)
+        queue.extend(neighbours)
+    return chosen
+
+
+def _local_cost(state: _State, nodes: Sequence[int], choice: np.ndarray) -> int:
+    """Exact cost of the terms touching `nodes` under `choice` (Python ints)."""
+    inside = set(nodes)
+    total = 0
+    for v in nodes:
+        total += int(state.red.cost[v][choice[v]])
+        for w, key in state.red.adjacent[v]:
+            if w not in inside or v < w:
+                total += int(state.red.matrix(v, key)[choice[v], choice[w]])
+    return total
+
+
+@dataclass
+class _SubModel:
+    model: Any
+    x: dict[int, list[Any]]
+
+
+def _build_submodel(state: _State, nodes: list[int], tight: bool = False) -> _SubModel:
+    """CP-SAT model of re-choosing `nodes` with every other node fixed."""
+    from ortools.sat.python import cp_model
+
+    red, choice = state.red, state.choice
+    inside = {v: i for i, v in enumerate(nodes)}
+    model = cp_model.CpModel()
+    x = {v: [model.new_bool_var(f"x{v}_{s}") for s in range(len(red.kept[v]))] for v in nodes}
+    unary = {v: red.cost[v].astype(np.int64).copy() for v in nodes}
+    terms: list[tuple[int, Any]] = []
+    for v in nodes:
+        model.add_exactly_one(x[v])
+        model.add_hint(x[v][choice[v]], 1)
+        for s, lit in enumerate(x[v]):
+            if s != choice[v]:
+                model.add_hint(lit, 0)
+        for w, key in red.adjacent[v]:
+            if w not in inside:
+                unary[v] = np.minimum(unary[v] + red.matrix(v, key)[:, choice[w]], INFINITE)
+            elif v < w:
+                _pair_terms(model, x, v, w, red.edges[key], unary, terms, choice, tight)
+    # A strategy forbidden by a fixed neighbour (the end of a chain of
+    # matching constraints that leaves the neighbourhood) is penalised, not
+    # ruled out: ruling it out can make the neighbourhood infeasible, and
+    # then no neighbourhood ever repairs the chain. The penalty outweighs
+    # any real cost; a solution with fewer forbidden choices is always kept
+    # (the exact cost counts each at 10^18).
+    forbidden = sum(int((unary[v] >= INFINITE).sum()) for v in nodes)
+    penalty = min(10**14, (1 << 61) // max(forbidden, 1))
+    for v in nodes:
+        finite = unary[v] < INFINITE
+        low = int(unary[v][finite].min()) if finite.any() else 0
+        for s, lit in enumerate(x[v]):
+            if not finite[s]:
+                terms.append((penalty, lit))
+            elif unary[v][s] > low:
+                terms.append((int(unary[v][s] - low), lit))
+    _memory_constraints(state, model, x, nodes)
+    model.minimize(cp_model.LinearExpr.weighted_sum([lit for _, lit in terms], [c for c, _ in terms]))
+    return _SubModel(model, x)
+
+
+def _pair_terms(model, x, u: int, v: int, m: np.ndarray, unary: dict, terms: list, choice: np.ndarray,
+                tight: bool) -> None:
+    """Edge (u, v) inside the neighbourhood: its matrix less its row and
+    column minima (moved into the two nodes' costs), then either (tight)
+    one literal z_ij per allowed pair with sum_j z_ij = x_ui and sum_i z_ij
+    = x_vj, whose LP relaxation is exact on the edge, or one literal y_ij
+    per remaining positive entry, forced by x_ui and x_vj (the objective
+    keeps it low otherwise), plus a clause per forbidden pair: far fewer
+    literals, which small neighbourhoods solve faster."""
+    forbidden = m >= INFINITE
+    finite = np.where(forbidden, np.iinfo(np.int64).max, m)
+    rows = finite.min(axis=1)
+    rows = np.where(rows == np.iinfo(np.int64).max, 0, rows)
+    rest = np.where(forbidden, 0, m - rows[:, None])
+    cols = np.where(forbidden, np.iinfo(np.int64).max, rest).min(axis=0)
+    cols = np.where(cols == np.iinfo(np.int64).max, 0, cols)
+    rest = np.where(forbidden, 0, rest - cols[None, :])
+    unary[u] = np.minimum(unary[u] + rows, INFINITE)
+    unary[v] = np.minimum(unary[v] + cols, INFINITE)
+    if tight:
+        z = {}
+        for i, j in zip(*np.nonzero(~forbidden)):
+            z[i, j] = model.new_bool_var("")
+            model.add_hint(z[i, j], int(choice[u] == i and choice[v] == j))
+            if rest[i, j] > 0:
+                terms.append((int(rest[i, j]), z[i, j]))
+        for i in range(m.shape[0]):
+            model.add(sum(z[i, j] for j in range(m.shape[1]) if (i, j) in z) == x[u][i])
+        for j in range(m.shape[1]):
+            model.add(sum(z[i, j] for i in range(m.shape[0]) if (i, j) in z) == x[v][j])
+        return
+    for i, j in zip(*np.nonzero(forbidden)):
+        model.add_bool_or([x[u][i].negated(), x[v][j].negated()])
+    for i, j in zip(*np.nonzero(rest > 0)):
+        y = model.new_bool_var("")
+        model.add_bool_or([y, x[u][i].negated(), x[v][j].negated()])
+        if choice[u] == i and choice[v] == j:  # CP-SAT completes the rest of the hint
+            model.add_hint(y, 1)
+        terms.append((int(rest[i, j]), y))
+
+
+def _memory_constraints(state: _State, model, x, nodes: list[int]) -> None:
+    """Usage of the neighbourhood within the room the fixed nodes leave, per
+    segment of time over which its set of live nodes is constant; only
+    segments where it could exceed that room, and not one implied by a
+    neighbouring segment with a superset of nodes and no more room."""
+    from ortools.sat.python import cp_model
+
+    red = state.red
+    live = np.array([v for v in nodes if state.start[v] < state.end[v]], dtype=np.int64)
+    if not len(live):
+        return
+    fixed = state.profile.copy()
+    for v in live:
+        fixed[state.start[v]:state.end[v]] -= int(red.usage[v][state.choice[v]])
+    starts, ends = state.start[live], state.end[live]
+    bounds = np.unique(np.concatenate([starts, ends]))
+    segments = len(bounds) - 1
+    first, stop = np.searchsorted(bounds, starts), np.searchsorted(bounds, ends)  # live in segments [first, stop)
+    low = np.array([int(red.usage[v].min()) for v in live], dtype=np.int64)
+    spread_v = np.array([int(red.usage[v].max()) for v in live], dtype=np.int64) - low
+    # The fixed usage's peak over each segment [bounds[k], bounds[k+1]); the
+    # sentinel lets the last segment end at the horizon.
+    peak = np.maximum.reduceat(np.append(fixed, 0), bounds)[:segments]
+    room = state.problem.usage_limit - peak - _segment_sums(first, stop, low, segments)
+    spread = _segment_sums(first, stop, spread_v, segments)
+    arrivals = np.bincount(first, minlength=segments + 1)  # at the start of each segment
+    departures = np.bincount(stop, minlength=segments + 1)
+    terms = [[(lit, int(u - low[i])) for u, lit in zip(red.usage[v], x[v]) if u > low[i]]
+             for i, v in enumerate(live.tolist())]
+    for k in np.nonzero(spread > room)[0]:
+        # Implied by segment k+1 when nobody leaves between them (it holds a
+        # superset) and it has no more room; likewise by k-1 when nobody arrives.
+        if k + 1 < segments and departures[k + 1] == 0 and room[k + 1] <= room[k]:
+            continue
+        if k > 0 and arrivals[k] == 0 and room[k - 1] <= room[k]:
+            continue
+        members = [term for i in np.nonzero((first <= k) & (k < stop))[0] for term in terms[i]]
+        model.add(cp_model.LinearExpr.weighted_sum([t[0] for t in members], [t[1] for t in members])
+                  <= int(room[k]))
+
+
+def _segment_sums(first: np.ndarray, stop: np.ndarray, values: np.ndarray, segments: int) -> np.ndarray:
+    """Per segment, the sum of `values` of the nodes live in it."""
+    delta = np.zeros(segments + 1, dtype=np.int64)
+    np.add.at(delta, first, values)
+    np.add.at(delta, stop, -values)
+    return np.cumsum(delta)[:segments]
+
+
+def _subsolve(state: _State, nodes: list[int], seconds: float, workers: int, seed: int,
+              tight: bool = False) -> tuple[bool, bool, bool]:
+    """Re-solve `nodes`; apply the result if it lowers the exact cost.
+    Returns (improved, proven optimal for the neighbourhood, proven infeasible)."""
+    from ortools.sat.python import cp_model
+
+    began = time.perf_counter()
+    sub = _build_submodel(state, nodes, tight)
+    solver = cp_model.CpSolver()
+    # The limit covers building the model too.
+    solver.parameters.max_time_in_seconds = max(seconds - (time.perf_counter() - began), 0.01)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    status = solver.Solve(sub.model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return False, False, status == cp_model.INFEASIBLE
+    new = state.choice.copy()
+    for v in nodes:
+        new[v] = next(s for s, lit in enumerate(sub.x[v]) if solver.BooleanValue(lit))
+    if _local_cost(state, nodes, new) >= _local_cost(state, nodes, state.choice):
+        return False, status == cp_model.OPTIMAL, False
+    for v in nodes:
+        state.move(v, int(new[v]))
+    return True, status == cp_model.OPTIMAL, False
+
+
+# ------------------------------------------------------------------ solve
+
+
+@dataclass(frozen=True, slots=True)
+class SolveResult:
+    """The best assignment found (original strategy indices), its exact
+    evaluation, and how the search went."""
+
+    strategies: tuple[int, ...]
+    evaluation: Evaluation
+    seconds: float
+    rounds: int  # neighbourhoods re-solved
+    improvements: int
+    start_cost: int  # least-usage start, then after the greedy sweeps
+    greedy_cost: int
+    stats: dict[str, int]
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.evaluation.to_json(), "time_s": self.seconds, "rounds": self.rounds,
+                "improvements": self.improvements, "start_cost": self.start_cost, "greedy_cost": self.greedy_cost,
+                "presolve": dict(self.stats), "message": self.message, "strategies": list(self.strategies)}
+
+
+@dataclass(frozen=True, slots=True)
+class SolveOptions:
+    time_limit_s: float = 60.0
+    workers: int = 1
+    seed: int = 0
+    max_rounds: int | None = None  # neighbourhoods; with it and workers=1 the search is reproducible
+    budget: int = 300  # strategies in a neighbourhood at first (adapts)
+    whole_model_limit: int = 400_000  # strategies plus edge pairs up to which one CP-SAT model is solved
+    sub_time_s: float = 2.0  # at most per neighbourhood
+
+
+def solve(problem: Problem, options: SolveOptions = SolveOptions(),
+          progress: Callable[[str], None] | None = None) -> SolveResult:
+    """The best solution found within the time limit (see the module doc)."""
+    start = time.perf_counter()
+    deadline = start + options.time_limit_s
+    red = presolve(problem)
+    state = _start(problem, red)
+    start_cost = evaluate(problem, state.original()).cost
+    if state.profile.max(initial=0) > problem.usage_limit:
+        evaluation = evaluate(problem, state.original())
+        return SolveResult(tuple(state.original().tolist()), evaluation, time.perf_counter() - start, 0, 0,
+                           start_cost, start_cost, red.stats, "no feasible solution exists: every node at its "
+                           f"least usage already exceeds the limit at step {evaluation.first_violation}")
+    free = [v for v in range(problem.num_nodes) if red.free(v)]
+    rng = random.Random(options.seed)
+    order = list(free)
+    # Greedy sweeps until nothing moves: the first whatever it takes (it
+    # repairs most forbidden choices), later ones within a third of what is left.
+    sweeps_until = time.perf_counter() + (deadline - time.perf_counter()) / 3
+    for sweep in range(5):
+        rng.shuffle(order)
+        if not _greedy(state, order, deadline if sweep == 0 else sweeps_until):
+            break
+    greedy_cost = evaluate(problem, state.original()).cost
+    rounds = improvements = 0
+    proven = not free  # nothing left to choose: presolve decided every node
+    if free and _model_size(red, free) <= options.whole_model_limit:
+        # Small enough for one model: CP-SAT's own portfolio (its LNS and
+        # local search, hinted with the incumbent) beats our neighbourhoods.
+        improved, proven, _ = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
+                                        tight=True)
+        rounds, improvements, free = 1, int(improved), []
+    budget = options.budget
+    hot = free
+    while free and time.perf_counter() < deadline and (options.max_rounds is None or rounds < options.max_rounds):
+        if rounds % 20 == 0:
+            hot = _hot_nodes(state, free)
+        nodes = _neighbourhood(state, rng, budget, free, hot)
+        began = time.perf_counter()
+        seconds = min(options.sub_time_s, deadline - began)
+        improved, optimal, infeasible = _subsolve(state, nodes, seconds, options.workers, rng.randrange(1 << 30))
+        rounds += 1
+        improvements += improved
+        if optimal and len(nodes) == len(free):  # the whole reduced problem, solved to optimality
+            proven = True
+            break
+        # Aim at neighbourhoods CP-SAT closes in well under the cap: grow
+        # those it closes quickly (or proves infeasible: too little room
+        # inside them), shrink those it cannot close.
+        if infeasible:
+            budget = min(int(budget * 1.5) + 1, 50_000)
+        elif not optimal:
+            budget = max(int(budget / 1.5), 50)
+        elif time.perf_counter() - began < options.sub_time_s / 4:
+            budget = min(int(budget * 1.1) + 1, 50_000)
+        if progress is not None and rounds % 10 == 0:
+            progress(f"round {rounds}: {improvements} improvements, neighbourhood budget {budget}")
+    strategies = state.original()
+    evaluation = evaluate(problem, strategies)
+    message = (("optimal" if proven else "feasible") if evaluation.feasible else
+               "no feasible solution found (forbidden choices remain)" if evaluation.forbidden else
+               "no feasible solution found (memory)")
+    return SolveResult(tuple(strategies.tolist()), evaluation, time.perf_counter() - start, rounds, improvements,
+                       start_cost, greedy_cost, red.stats, message)
