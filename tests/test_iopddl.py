@@ -27,7 +27,9 @@ from solver.iopddl import (
     usage_profile,
 )
 
-EXAMPLE = ROOT.parent / "shared" / "iopddl" / "example.json"
+# The contest's toy instance, copied unmodified from google/iopddl (Apache-2.0)
+# so the tests need nothing outside the repository.
+EXAMPLE = ROOT / "tests" / "fixtures" / "iopddl" / "example.json"
 
 # example.json by hand (intervals are half-open [start, end)):
 #   node 0 [30, 70)   costs [15]          usages [10]
