@@ -15,13 +15,15 @@ Solver (`solve`):
   2. a feasible start: every node at its least-usage strategy (the limit
      is about 1.1x that peak in every instance), then greedy descent:
      each node to its cheapest strategy that keeps memory feasible;
-  3. large-neighbourhood search: CP-SAT re-solves a neighbourhood (nodes
-     near a random node in the graph, or live in a random time window) with
-     everything else fixed at the incumbent, which hints it; an improvement
-     is kept. The memory of a neighbourhood is one constraint per segment
-     of time over which its set of live nodes is constant (the others'
-     usage enters as the segment's peak), and only where the neighbourhood
-     could exceed the limit there.
+  3. CP-SAT: a small reduced problem is one model, hinted with the
+     incumbent, solved for the rest of the time; a large one gets
+     large-neighbourhood search: CP-SAT re-solves a neighbourhood (grown in
+     the graph from one of the most expensive nodes, a random node, or the
+     nodes live at a step near the memory peak) with everything else fixed
+     at the incumbent, which hints it; an improvement of the exact cost is
+     kept. The memory of a model is one constraint per segment of time over
+     which its set of live nodes is constant (the others' usage enters as
+     the segment's peak), only where the model could exceed the limit.
 Costs are summed in Python ints (they overflow int64); CP-SAT sees costs
 relative to each node's and edge's minimum, which fit.
 """
@@ -43,6 +45,7 @@ import numpy as np
 from ir.core import IRError
 
 INFINITE = 10**18  # the instances' "forbidden" cost
+
 
 
 class IopddlError(IRError):
@@ -442,25 +445,31 @@ def _model_size(red: _Reduced, free: list[int]) -> int:
     return sum(len(red.kept[v]) for v in free) + sum(m.size for m in red.edges.values())
 
 
-def _hot_nodes(state: _State, free: list[int]) -> list[int]:
-    """The free nodes to seed neighbourhoods from: those touching a
-    forbidden choice if any remain (all of them: repairing comes first),
-    else the 16 whose terms cost most under the incumbent (a mismatched
-    pair on an edge that only a chain of changes can fix)."""
+def _hot_nodes(state: _State, free: list[int]) -> tuple[list[int], int]:
+    """The 16 free nodes whose terms cost most under the incumbent (a
+    mismatched pair on an edge that only a chain of changes can fix), and
+    whether they touch forbidden choices. Among forbidden ones the first
+    in node order come first: successive neighbourhoods then repair one
+    region, a chain of matching constraints step by step, where seeds
+    scattered over all of them repaired far fewer (K: 27 left against
+    none after 180 s). Returns them and how many nodes touch a forbidden choice."""
     local = np.array([state.costs_of(v)[state.choice[v]] for v in free], dtype=np.int64)
-    order = np.argsort(-local, kind="stable")
-    forbidden = int((local >= INFINITE).sum())
-    return [free[i] for i in order[:max(forbidden, 16)]]
+    order = np.argsort(-local, kind="stable")[:16]
+    return [free[i] for i in order], int((local >= INFINITE).sum())
 
 
-def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[int], hot: list[int]) -> list[int]:
+def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[int],
+                   hot: tuple[list[int], int]) -> list[int]:
     """Up to `budget` strategies' worth of free nodes, grown breadth-first
-    in the graph from seeds: one of the most expensive nodes (half the
-    time), a random node, or the nodes live at a random time step near the
-    memory peak (the ones that must trade memory with each other)."""
+    in the graph from seeds: one of the nodes touching a forbidden choice
+    while any remain (most of the time), else one of the most expensive
+    nodes (half the time), a random node, or the nodes live at a random
+    time step near the memory peak (the ones that must trade memory with
+    each other)."""
     red = state.red
     kind = rng.random()
-    if kind < 0.5 or (kind < 0.9 and len(hot) > 16):  # repairs forbidden choices first
+    hot, repairing = hot
+    if kind < 0.5 or (kind < 0.9 and repairing > 0):  # repairs of forbidden choices come first
         seeds = [rng.choice(hot)]
     elif kind < 0.75:
         seeds = [rng.choice(free)]
@@ -504,7 +513,7 @@ class _SubModel:
     x: dict[int, list[Any]]
 
 
-def _build_submodel(state: _State, nodes: list[int], tight: bool = False) -> _SubModel:
+def _build_submodel(state: _State, nodes: list[int], tight: bool = False, soft: bool = False) -> _SubModel:
     """CP-SAT model of re-choosing `nodes` with every other node fixed."""
     from ortools.sat.python import cp_model
 
@@ -525,12 +534,12 @@ def _build_submodel(state: _State, nodes: list[int], tight: bool = False) -> _Su
                 unary[v] = np.minimum(unary[v] + red.matrix(v, key)[:, choice[w]], INFINITE)
             elif v < w:
                 _pair_terms(model, x, v, w, red.edges[key], unary, terms, choice, tight)
-    # A strategy forbidden by a fixed neighbour (the end of a chain of
-    # matching constraints that leaves the neighbourhood) is penalised, not
-    # ruled out: ruling it out can make the neighbourhood infeasible, and
-    # then no neighbourhood ever repairs the chain. The penalty outweighs
-    # any real cost; a solution with fewer forbidden choices is always kept
-    # (the exact cost counts each at 10^18).
+    # A strategy forbidden by a fixed neighbour is ruled out, or with `soft`
+    # penalised: at the end of a chain of matching constraints that leaves
+    # the neighbourhood, ruling it out makes the model infeasible and no
+    # neighbourhood would ever repair the chain (L). The penalty outweighs
+    # any real cost, and the exact cost counts each forbidden choice at
+    # 10^18, so a kept solution never has more of them.
     forbidden = sum(int((unary[v] >= INFINITE).sum()) for v in nodes)
     penalty = min(10**14, (1 << 61) // max(forbidden, 1))
     for v in nodes:
@@ -538,7 +547,10 @@ def _build_submodel(state: _State, nodes: list[int], tight: bool = False) -> _Su
         low = int(unary[v][finite].min()) if finite.any() else 0
         for s, lit in enumerate(x[v]):
             if not finite[s]:
-                terms.append((penalty, lit))
+                if soft:
+                    terms.append((penalty, lit))
+                else:
+                    model.add(lit == 0)
             elif unary[v][s] > low:
                 terms.append((int(unary[v][s] - low), lit))
     _memory_constraints(state, model, x, nodes)
@@ -637,13 +649,13 @@ def _segment_sums(first: np.ndarray, stop: np.ndarray, values: np.ndarray, segme
 
 
 def _subsolve(state: _State, nodes: list[int], seconds: float, workers: int, seed: int,
-              tight: bool = False) -> tuple[bool, bool, bool]:
+              tight: bool = False, soft: bool = False) -> tuple[bool, bool]:
     """Re-solve `nodes`; apply the result if it lowers the exact cost.
-    Returns (improved, proven optimal for the neighbourhood, proven infeasible)."""
+    Returns (improved, proven optimal for the neighbourhood)."""
     from ortools.sat.python import cp_model
 
     began = time.perf_counter()
-    sub = _build_submodel(state, nodes, tight)
+    sub = _build_submodel(state, nodes, tight, soft)
     solver = cp_model.CpSolver()
     # The limit covers building the model too.
     solver.parameters.max_time_in_seconds = max(seconds - (time.perf_counter() - began), 0.01)
@@ -651,15 +663,15 @@ def _subsolve(state: _State, nodes: list[int], seconds: float, workers: int, see
     solver.parameters.random_seed = seed
     status = solver.Solve(sub.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return False, False, status == cp_model.INFEASIBLE
+        return False, False
     new = state.choice.copy()
     for v in nodes:
         new[v] = next(s for s, lit in enumerate(sub.x[v]) if solver.BooleanValue(lit))
     if _local_cost(state, nodes, new) >= _local_cost(state, nodes, state.choice):
-        return False, status == cp_model.OPTIMAL, False
+        return False, status == cp_model.OPTIMAL
     for v in nodes:
         state.move(v, int(new[v]))
-    return True, status == cp_model.OPTIMAL, False
+    return True, status == cp_model.OPTIMAL
 
 
 # ------------------------------------------------------------------ solve
@@ -726,29 +738,32 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
     if free and _model_size(red, free) <= options.whole_model_limit:
         # Small enough for one model: CP-SAT's own portfolio (its LNS and
         # local search, hinted with the incumbent) beats our neighbourhoods.
-        improved, proven, _ = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
-                                        tight=True)
+        improved, proven = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
+                                     tight=True)
         rounds, improvements, free = 1, int(improved), []
     budget = options.budget
-    hot = free
+    hot: tuple[list[int], int] = (free, 0)
+    forbidden, stalled = INFINITE, 0  # nodes touching forbidden choices, rounds since that fell
     while free and time.perf_counter() < deadline and (options.max_rounds is None or rounds < options.max_rounds):
         if rounds % 20 == 0:
             hot = _hot_nodes(state, free)
+            forbidden, stalled = (hot[1], 0) if hot[1] < forbidden else (forbidden, stalled)
         nodes = _neighbourhood(state, rng, budget, free, hot)
         began = time.perf_counter()
         seconds = min(options.sub_time_s, deadline - began)
-        improved, optimal, infeasible = _subsolve(state, nodes, seconds, options.workers, rng.randrange(1 << 30))
+        # Penalise forbidden boundary choices only when repairs stall (see
+        # `_build_submodel`): ruling them out repairs faster while it works (K).
+        soft = 0 < forbidden and stalled >= 60
+        improved, optimal = _subsolve(state, nodes, seconds, options.workers, rng.randrange(1 << 30), soft=soft)
+        stalled += 1
         rounds += 1
         improvements += improved
         if optimal and len(nodes) == len(free):  # the whole reduced problem, solved to optimality
             proven = True
             break
         # Aim at neighbourhoods CP-SAT closes in well under the cap: grow
-        # those it closes quickly (or proves infeasible: too little room
-        # inside them), shrink those it cannot close.
-        if infeasible:
-            budget = min(int(budget * 1.5) + 1, 50_000)
-        elif not optimal:
+        # those it closes quickly, shrink those it cannot close.
+        if not optimal:
             budget = max(int(budget / 1.5), 50)
         elif time.perf_counter() - began < options.sub_time_s / 4:
             budget = min(int(budget * 1.1) + 1, 50_000)
