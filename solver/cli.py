@@ -148,13 +148,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_lower(args: argparse.Namespace) -> int:
     from ir.text import print_function
 
-    text = print_function(_planned(args).lowered.function)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
+    _emit(print_function(_planned(args).lowered.function), args.output)
+    return 0
+
+
+def _emit(text: str, output: str | None) -> None:
+    """Write `text` to the file `output`, or print it when there is none."""
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
             f.write(text)
     else:
         print(text, end="")
-    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -167,12 +171,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"shardplan: warning: the plan does not fit in memory: peak {cost['peak_memory_bytes'] / 2**30:.3g} "
               f"GiB per device, capacity {cost['capacity_bytes'] / 2**30:.3g} GiB (see shardplan plan)",
               file=sys.stderr)
-    text = json.dumps(export_json(report), indent=2) + "\n" if args.format == "json" else export_python(report)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        print(text, end="")
+    _emit(json.dumps(export_json(report), indent=2) + "\n" if args.format == "json" else export_python(report),
+          args.output)
     return 0
 
 
