@@ -18,12 +18,14 @@ Solver (`solve`):
   3. CP-SAT: a small reduced problem is one model, hinted with the
      incumbent, solved for the rest of the time; a large one gets
      large-neighbourhood search: CP-SAT re-solves a neighbourhood (grown in
-     the graph from one of the most expensive nodes, a random node, or the
-     nodes live at a step near the memory peak) with everything else fixed
-     at the incumbent, which hints it; an improvement of the exact cost is
-     kept. The memory of a model is one constraint per segment of time over
-     which its set of live nodes is constant (the others' usage enters as
-     the segment's peak), only where the model could exceed the limit.
+     the graph from one of the most expensive nodes together with its whole
+     star, a random node, or the nodes live at a step near the memory peak)
+     with everything else fixed at the incumbent, which hints it; an
+     improvement of the exact cost is kept. The memory of a model is one
+     constraint per segment of time over which its set of live nodes is
+     constant (the others' usage enters as the segment's peak), only where
+     the model could exceed the limit; written as explicit sums, or as a
+     running sweep when those sums would be large.
 Costs are summed in Python ints (they overflow int64); CP-SAT sees costs
 relative to each node's and edge's minimum, which fit.
 """
@@ -445,32 +447,75 @@ def _model_size(red: _Reduced, free: list[int]) -> int:
     return sum(len(red.kept[v]) for v in free) + sum(m.size for m in red.edges.values())
 
 
-def _hot_nodes(state: _State, free: list[int]) -> tuple[list[int], int]:
+def _whole_model_pays(red: _Reduced, free: list[int], limit: int) -> bool:
+    """One CP-SAT model of everything when it has at most `limit` literals
+    (B, G), or up to 4x that when its edges are small tables (at most 16
+    pairs on average): P, 48,480 free nodes with 2.8 strategies and 1.1M
+    literals, reached 666.7e9 as one model in 240 s and 1,151e9 by
+    neighbourhoods, where V, 767 nodes with 1,300 pairs per edge and 1.25M
+    literals, reached 164e6 as one model and 21e6 by neighbourhoods."""
+    size = _model_size(red, free)
+    if size <= limit:
+        return True
+    pairs = size - sum(len(red.kept[v]) for v in free)
+    return size <= 4 * limit and pairs <= 16 * max(len(red.edges), 1)
+
+
+def _hot_nodes(state: _State, free: list[int], tried: set[int]) -> tuple[list[int], int]:
     """The 16 free nodes whose terms cost most under the incumbent (a
     mismatched pair on an edge that only a chain of changes can fix), and
-    whether they touch forbidden choices. Among forbidden ones the first
+    whether they touch forbidden choices, less the `tried` ones (seeds
+    whose neighbourhood brought nothing: A's hardest star, 9,962
+    strategies, took 5 s a time, four times, to no gain). Among forbidden ones the first
     in node order come first: successive neighbourhoods then repair one
     region, a chain of matching constraints step by step, where seeds
     scattered over all of them repaired far fewer (K: 27 left against
     none after 180 s). Returns them and how many nodes touch a forbidden choice."""
-    local = np.array([state.costs_of(v)[state.choice[v]] for v in free], dtype=np.int64)
-    order = np.argsort(-local, kind="stable")[:16]
-    return [free[i] for i in order], int((local >= INFINITE).sum())
+    red, choice = state.red, state.choice.tolist()
+    local = {v: int(red.cost[v][choice[v]]) for v in free}  # Python ints: sums of 10^18 overflow int64
+    for (u, v), m in red.edges.items():
+        entry = int(m[choice[u], choice[v]])
+        local[u] += entry
+        local[v] += entry
+    local = np.array([min(local[v], INFINITE) for v in free], dtype=np.int64)
+    forbidden = int((local >= INFINITE).sum())
+    order = [i for i in np.argsort(-local, kind="stable") if free[i] not in tried][:16]
+    return [free[i] for i in order] or free, forbidden
+
+
+# A star (a hot node, its most expensive neighbour, and every neighbour of
+# both) may exceed the budget up to this many strategies.
+_STAR_CAP = 20_000
 
 
 def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[int],
-                   hot: tuple[list[int], int]) -> list[int]:
-    """Up to `budget` strategies' worth of free nodes, grown breadth-first
-    in the graph from seeds: one of the nodes touching a forbidden choice
-    while any remain (most of the time), else one of the most expensive
-    nodes (half the time), a random node, or the nodes live at a random
-    time step near the memory peak (the ones that must trade memory with
-    each other)."""
+                   hot: tuple[list[int], int]) -> tuple[list[int], int | None]:
+    """Free nodes grown breadth-first in the graph from seeds, up to `budget`
+    strategies: one of the nodes touching a forbidden choice while any
+    remain (most of the time), else one of the most expensive nodes (half
+    the time), a random node, or the nodes live at a random time step near
+    the memory peak (the ones that must trade memory with each other).
+    Returns them and the expensive seed if there was one.
+
+    An expensive seed comes with its star, whatever the budget: the seed,
+    its most expensive neighbour and all neighbours of both. The costliest
+    terms sit on hubs (a weight read by hundreds of operations, C's node 76
+    with 222 neighbours) where every neighbour must change with the hub;
+    C's first star re-solved in 2.4 s took its cost from 3.26e12 to
+    1.98e12, below what 60 s of budget-limited neighbourhoods reached."""
     red = state.red
     kind = rng.random()
     hot, repairing = hot
+    star: set[int] = set()
+    seed = None
     if kind < 0.5 or (kind < 0.9 and repairing > 0):  # repairs of forbidden choices come first
-        seeds = [rng.choice(hot)]
+        seed = rng.choice(hot)
+        seeds = [seed]
+        if not repairing and red.adjacent[seed]:  # a repair walks along a chain: no stars (K repaired slower)
+            worst = max(red.adjacent[seed], key=lambda a: int(red.matrix(seed, a[1])[state.choice[seed],
+                                                                                      state.choice[a[0]]]))[0]
+            seeds.append(worst)
+            star = {seed, worst} | {w for v in (seed, worst) for w, _ in red.adjacent[v]}
     elif kind < 0.75:
         seeds = [rng.choice(free)]
     else:
@@ -482,7 +527,7 @@ def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[in
     seen = set()
     size = 0
     queue = list(seeds)
-    while queue and size < budget:
+    while queue and (size < budget or (queue[0] in star and size < _STAR_CAP)):
         v = queue.pop(0)
         if v in seen:
             continue
@@ -492,7 +537,7 @@ def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[in
         neighbours = [w for w, _ in red.adjacent[v] if w not in seen]
         rng.shuffle(neighbours)
         queue.extend(neighbours)
-    return chosen
+    return chosen, seed
 
 
 def _local_cost(state: _State, nodes: Sequence[int], choice: np.ndarray) -> int:
@@ -513,7 +558,8 @@ class _SubModel:
     x: dict[int, list[Any]]
 
 
-def _build_submodel(state: _State, nodes: list[int], tight: bool = False, soft: bool = False) -> _SubModel:
+def _build_submodel(state: _State, nodes: list[int], tight: bool = False, soft: bool = False,
+                    memory: str = "auto") -> _SubModel:
     """CP-SAT model of re-choosing `nodes` with every other node fixed."""
     from ortools.sat.python import cp_model
 
@@ -553,7 +599,7 @@ def _build_submodel(state: _State, nodes: list[int], tight: bool = False, soft: 
                     model.add(lit == 0)
             elif unary[v][s] > low:
                 terms.append((int(unary[v][s] - low), lit))
-    _memory_constraints(state, model, x, nodes)
+    _memory_constraints(state, model, x, nodes, memory)
     model.minimize(cp_model.LinearExpr.weighted_sum([lit for _, lit in terms], [c for c, _ in terms]))
     return _SubModel(model, x)
 
@@ -599,13 +645,15 @@ def _pair_terms(model, x, u: int, v: int, m: np.ndarray, unary: dict, terms: lis
         terms.append((int(rest[i, j]), y))
 
 
-def _memory_constraints(state: _State, model, x, nodes: list[int]) -> None:
+def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str = "auto") -> None:
     """Usage of the neighbourhood within the room the fixed nodes leave, per
-    segment of time over which its set of live nodes is constant; only
-    segments where it could exceed that room, and not one implied by a
-    neighbouring segment with a superset of nodes and no more room."""
-    from ortools.sat.python import cp_model
-
+    segment of time over which its set of live nodes is constant, only in
+    segments where it could exceed that room. Written as one sum per such
+    segment while those sums stay small; past that as a sweep (see
+    `_sweep_constraints`), whose size grows with the nodes, not with
+    nodes times segments: the explicit sums of P's whole model held tens
+    of millions of terms and took 148 s of its 162 s build (1 s as a
+    sweep). `encoding` "sums" or "sweep" forces one of the two."""
     red = state.red
     live = np.array([v for v in nodes if state.start[v] < state.end[v]], dtype=np.int64)
     if not len(live):
@@ -624,11 +672,26 @@ def _memory_constraints(state: _State, model, x, nodes: list[int]) -> None:
     peak = np.maximum.reduceat(np.append(fixed, 0), bounds)[:segments]
     room = state.problem.usage_limit - peak - _segment_sums(first, stop, low, segments)
     spread = _segment_sums(first, stop, spread_v, segments)
-    arrivals = np.bincount(first, minlength=segments + 1)  # at the start of each segment
-    departures = np.bincount(stop, minlength=segments + 1)
     terms = [[(lit, int(u - low[i])) for u, lit in zip(red.usage[v], x[v]) if u > low[i]]
              for i, v in enumerate(live.tolist())]
-    for k in np.nonzero(spread > room)[0]:
+    binding = spread > room
+    per_node = np.array([len(t) for t in terms], dtype=np.int64)
+    explicit_terms = int(_segment_sums(first, stop, per_node, segments)[binding].sum())
+    if encoding == "sweep" or (encoding == "auto" and explicit_terms > 4 * int(per_node.sum()) + 4 * segments):
+        _sweep_constraints(model, terms, first, stop, np.minimum(room, spread))
+    else:
+        _segment_constraints(model, terms, first, stop, room, binding)
+
+
+def _segment_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray, room: np.ndarray,
+                         binding: np.ndarray) -> None:
+    """One sum per binding segment, less the ones a neighbour implies."""
+    from ortools.sat.python import cp_model
+
+    segments = len(room)
+    arrivals = np.bincount(first, minlength=segments + 1)  # at the start of each segment
+    departures = np.bincount(stop, minlength=segments + 1)
+    for k in np.nonzero(binding)[0]:
         # Implied by segment k+1 when nobody leaves between them (it holds a
         # superset) and it has no more room; likewise by k-1 when nobody arrives.
         if k + 1 < segments and departures[k + 1] == 0 and room[k + 1] <= room[k]:
@@ -640,6 +703,36 @@ def _memory_constraints(state: _State, model, x, nodes: list[int]) -> None:
                   <= int(room[k]))
 
 
+def _sweep_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray, cap: np.ndarray) -> None:
+    """The running usage of the live nodes as one integer per segment,
+    level[k] = level[k-1] + (arrivals at k) - (departures at k), each at most
+    its segment's cap: every node's terms enter twice. The LP relaxation is
+    the same as the explicit sums'; propagation along the chain is weaker."""
+    from ortools.sat.python import cp_model
+
+    segments = len(cap)
+    arriving: list[list[int]] = [[] for _ in range(segments + 1)]
+    leaving: list[list[int]] = [[] for _ in range(segments + 1)]
+    for i, (a, b) in enumerate(zip(first.tolist(), stop.tolist())):
+        arriving[a].append(i)
+        leaving[b].append(i)
+    previous = None
+    for k in range(segments):
+        level = model.new_int_var(0, max(int(cap[k]), 0), "")
+        if cap[k] < 0:  # the fixed nodes alone leave no room: infeasible
+            model.add(level <= int(cap[k]))
+        lits = [] if previous is None else [previous]
+        coeffs = [] if previous is None else [1]
+        for i in arriving[k]:
+            lits += [t[0] for t in terms[i]]
+            coeffs += [t[1] for t in terms[i]]
+        for i in leaving[k]:
+            lits += [t[0] for t in terms[i]]
+            coeffs += [-t[1] for t in terms[i]]
+        model.add(cp_model.LinearExpr.weighted_sum(lits, coeffs) == level)
+        previous = level
+
+
 def _segment_sums(first: np.ndarray, stop: np.ndarray, values: np.ndarray, segments: int) -> np.ndarray:
     """Per segment, the sum of `values` of the nodes live in it."""
     delta = np.zeros(segments + 1, dtype=np.int64)
@@ -649,13 +742,13 @@ def _segment_sums(first: np.ndarray, stop: np.ndarray, values: np.ndarray, segme
 
 
 def _subsolve(state: _State, nodes: list[int], seconds: float, workers: int, seed: int,
-              tight: bool = False, soft: bool = False) -> tuple[bool, bool]:
+              tight: bool = False, soft: bool = False, memory: str = "auto") -> tuple[bool, bool]:
     """Re-solve `nodes`; apply the result if it lowers the exact cost.
     Returns (improved, proven optimal for the neighbourhood)."""
     from ortools.sat.python import cp_model
 
     began = time.perf_counter()
-    sub = _build_submodel(state, nodes, tight, soft)
+    sub = _build_submodel(state, nodes, tight, soft, memory)
     solver = cp_model.CpSolver()
     # The limit covers building the model too.
     solver.parameters.max_time_in_seconds = max(seconds - (time.perf_counter() - began), 0.01)
@@ -705,8 +798,13 @@ class SolveOptions:
     seed: int = 0
     max_rounds: int | None = None  # neighbourhoods; with it and workers=1 the search is reproducible
     budget: int = 300  # strategies in a neighbourhood at first (adapts)
-    whole_model_limit: int = 400_000  # strategies plus edge pairs up to which one CP-SAT model is solved
-    sub_time_s: float = 2.0  # at most per neighbourhood
+    whole_model_limit: int = 400_000  # literals up to which one CP-SAT model is solved (see `_whole_model_pays`)
+    sub_time_s: float = 2.0  # per neighbourhood (a star above the budget: up to 5x)
+    memory_encoding: str = "auto"  # "sums", "sweep" or "auto" (see `_memory_constraints`)
+
+    def __post_init__(self) -> None:
+        if self.memory_encoding not in ("auto", "sums", "sweep"):
+            raise ValueError(f"memory_encoding must be 'auto', 'sums' or 'sweep', not {self.memory_encoding!r}")
 
 
 def solve(problem: Problem, options: SolveOptions = SolveOptions(),
@@ -735,26 +833,37 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
     greedy_cost = evaluate(problem, state.original()).cost
     rounds = improvements = 0
     proven = not free  # nothing left to choose: presolve decided every node
-    if free and _model_size(red, free) <= options.whole_model_limit:
-        # Small enough for one model: CP-SAT's own portfolio (its LNS and
-        # local search, hinted with the incumbent) beats our neighbourhoods.
+    if free and _whole_model_pays(red, free, options.whole_model_limit):
+        # CP-SAT's own portfolio (its LNS and local search, hinted with the
+        # incumbent) beats our neighbourhoods here.
         improved, proven = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
-                                     tight=True)
+                                     tight=True, memory=options.memory_encoding)
         rounds, improvements, free = 1, int(improved), []
     budget = options.budget
     hot: tuple[list[int], int] = (free, 0)
     forbidden, stalled = INFINITE, 0  # nodes touching forbidden choices, rounds since that fell
+    improved = False
+    tried: set[int] = set()  # expensive seeds whose neighbourhood improved nothing
     while free and time.perf_counter() < deadline and (options.max_rounds is None or rounds < options.max_rounds):
-        if rounds % 20 == 0:
-            hot = _hot_nodes(state, free)
+        # An improvement may have cooled a hot node; while repairs go on
+        # (thousands of small rounds on K), every 20 rounds is enough.
+        if rounds % 20 == 0 or (improved and not hot[1]):
+            hot = _hot_nodes(state, free, tried)
             forbidden, stalled = (hot[1], 0) if hot[1] < forbidden else (forbidden, stalled)
-        nodes = _neighbourhood(state, rng, budget, free, hot)
+        nodes, seed = _neighbourhood(state, rng, budget, free, hot)
         began = time.perf_counter()
-        seconds = min(options.sub_time_s, deadline - began)
+        # A star above the budget gets time in proportion (C's first: 6,873
+        # strategies, closed in 2.4 s on 2 workers).
+        size = sum(len(red.kept[v]) for v in nodes)
+        seconds = min(max(options.sub_time_s, size / 2000), 5 * options.sub_time_s, deadline - began)
         # Penalise forbidden boundary choices only when repairs stall (see
         # `_build_submodel`): ruling them out repairs faster while it works (K).
         soft = 0 < forbidden and stalled >= 60
-        improved, optimal = _subsolve(state, nodes, seconds, options.workers, rng.randrange(1 << 30), soft=soft)
+        improved, optimal = _subsolve(state, nodes, seconds, options.workers, rng.randrange(1 << 30), soft=soft,
+                                      memory=options.memory_encoding)
+        if seed is not None and not improved and not hot[1]:  # repairs retry their seeds (see `_hot_nodes`)
+            tried.add(seed)
+            hot = ([v for v in hot[0] if v != seed] or free, hot[1])
         stalled += 1
         rounds += 1
         improvements += improved
@@ -766,7 +875,7 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
         if not optimal:
             budget = max(int(budget / 1.5), 50)
         elif time.perf_counter() - began < options.sub_time_s / 4:
-            budget = min(int(budget * 1.1) + 1, 50_000)
+            budget = min(int(budget * 1.3) + 1, 50_000)
         if progress is not None and rounds % 10 == 0:
             progress(f"round {rounds}: {improvements} improvements, neighbourhood budget {budget}")
     strategies = state.original()

@@ -18,6 +18,11 @@ from solver.iopddl import (
     INFINITE,
     IopddlError,
     SolveOptions,
+    _hot_nodes,
+    _neighbourhood,
+    _start,
+    _sweep_constraints,
+    _whole_model_pays,
     evaluate,
     parse_problem,
     presolve,
@@ -55,8 +60,10 @@ EXAMPLE = ROOT / "tests" / "fixtures" / "iopddl" / "example.json"
 EXAMPLE_OPTIMUM = 445
 
 # The solver's two ways: one CP-SAT model of the whole reduced problem (small instances, the default),
-# or neighbourhoods of the incumbent (forced with whole_model_limit=0).
-PATHS = {"whole": {}, "lns": {"whole_model_limit": 0}}
+# or neighbourhoods of the incumbent (forced with whole_model_limit=0); and the memory limit's two
+# encodings, one sum per segment of time (what small models get) or a running sweep (forced here).
+PATHS = {"whole": {}, "lns": {"whole_model_limit": 0},
+         "whole-sweep": {"memory_encoding": "sweep"}, "lns-sweep": {"whole_model_limit": 0, "memory_encoding": "sweep"}}
 
 
 def example_data() -> dict:
@@ -228,7 +235,7 @@ def test_solver_matches_brute_force_on_synthetic(seed, path):
     assert result.evaluation.feasible
     assert result.evaluation.cost == best.cost
     assert evaluate(problem, result.strategies) == result.evaluation
-    if path == "whole":
+    if path.startswith("whole"):
         assert result.message == "optimal"  # one CP-SAT model of everything: proven
 
 
@@ -268,6 +275,81 @@ def test_fixed_node_after_the_neighbourhood_does_not_shrink_its_room(path):
     assert brute_force(problem) == Best(0, (0, 0, 0))
     result = solve(problem, SolveOptions(time_limit_s=5, max_rounds=20, **PATHS[path]))
     assert result.evaluation.cost == 0
+
+
+def hub_instance(spokes: int = 200) -> dict:
+    """A hub (strategy 0 costs 10,000, strategy 1 nothing) with `spokes` neighbours, every edge 0 when both
+    ends agree and 100 when not, no memory in play. Least usage puts everyone at 0 (cost 10,000); moving
+    the hub with k spokes saves 10,000 - 100 * (spokes - k): an improvement only with more than half of
+    them, the optimum (0) with all of them. A chain of small moves never gets there."""
+    n = spokes + 1
+    return instance([[0, 0]] * n, [[10_000, 0]] + [[0, 0]] * spokes, [[1, 2]] * n,
+                    [[0, v] for v in range(1, n)], [[0, 100, 100, 0]] * spokes, limit=10**6, name="hub")
+
+
+class _FirstChoice:
+    """A stand-in random source: the first kind of neighbourhood (an expensive seed), the first seed."""
+
+    def random(self) -> float:
+        return 0.0
+
+    def choice(self, items):
+        return items[0]
+
+    def shuffle(self, items) -> None:
+        pass
+
+
+def test_an_expensive_seed_brings_its_whole_star():
+    problem = parse_problem(hub_instance(spokes=200))
+    state = _start(problem, presolve(problem))
+    free = list(range(problem.num_nodes))
+    hot = _hot_nodes(state, free, set())
+    assert hot == ([0] + list(range(1, 16)), 0)  # the hub first (its 10,000), then spokes in node order
+    nodes, seed = _neighbourhood(state, _FirstChoice(), 20, free, hot)
+    assert seed == 0
+    assert sorted(nodes) == free  # all 201 nodes, 402 strategies, though the budget is 20
+    assert _hot_nodes(state, free, {0}) == (list(range(1, 17)), 0)  # a tried seed is skipped
+    nodes, seed = _neighbourhood(state, _FirstChoice(), 20, free, _hot_nodes(state, free, {0}))
+    assert seed == 1 and sorted(nodes) == free  # a spoke's star: itself, the hub and the hub's neighbours
+
+
+def test_star_moves_a_hub_with_all_its_neighbours():
+    # With a budget of 20 strategies that grows by 1.3x a round, 8 budget-bound neighbourhoods hold at most
+    # 163 strategies (81 spokes): none improves. A star seeded at the hub holds them all.
+    problem = parse_problem(hub_instance(spokes=200))
+    assert evaluate(problem, [0] * 201).cost == 10_000 and evaluate(problem, [1] * 201).cost == 0
+    result = solve(problem, SolveOptions(time_limit_s=10, max_rounds=8, budget=20, whole_model_limit=0))
+    assert result.greedy_cost == 10_000  # no single node can move
+    assert result.evaluation.cost == 0
+
+
+def test_sweep_levels_follow_arrivals_and_departures():
+    # Three nodes live in segments [0, 2), [1, 3), [2, 3) with usage terms 4, 5, 6 when their literal is set;
+    # caps per segment 9, 9, 10: a and b together fit in segment 1 (9), b and c in segment 2 do not (11).
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    a, b, c = (model.new_bool_var(name) for name in "abc")
+    _sweep_constraints(model, [[(a, 4)], [(b, 5)], [(c, 6)]], np.array([0, 1, 2]), np.array([2, 3, 3]),
+                       np.array([9, 9, 10]))
+    model.maximize(a + b + c)
+    solver = cp_model.CpSolver()
+    assert solver.solve(model) == cp_model.OPTIMAL
+    assert solver.objective_value == 2 and not (solver.boolean_value(b) and solver.boolean_value(c))
+    model.add(b == 1)
+    model.add(c == 1)
+    assert solver.solve(model) == cp_model.INFEASIBLE
+    empty = cp_model.CpModel()  # a segment whose room is already negative: no assignment fits
+    _sweep_constraints(empty, [[(empty.new_bool_var("d"), 1)]], np.array([0]), np.array([1]), np.array([-1]))
+    assert solver.solve(empty) == cp_model.INFEASIBLE
+
+
+def test_whole_model_when_small_or_made_of_small_tables():
+    problem = parse_problem(hub_instance(spokes=10))  # 11 nodes x 2 strategies, 10 edges of 4 pairs: 62 literals
+    red = presolve(problem)
+    free = list(range(problem.num_nodes))
+    assert [_whole_model_pays(red, free, limit) for limit in (62, 61, 16, 15)] == [True, True, True, False]
 
 
 def test_self_edge_takes_its_diagonal():
