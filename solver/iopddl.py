@@ -467,10 +467,11 @@ def _hot_nodes(state: _State, free: list[int], tried: set[int]) -> tuple[list[in
     whether they touch forbidden choices, less the `tried` ones (seeds
     whose neighbourhood brought nothing: A's hardest star, 9,962
     strategies, took 5 s a time, four times, to no gain). Among forbidden
-    ones the first in node order come first: successive neighbourhoods then repair one
-    region, a chain of matching constraints step by step, where seeds
-    scattered over all of them repaired far fewer (K: 27 left against
-    none after 180 s). Returns them and how many nodes touch a forbidden choice."""
+    ones the first in node order come first: successive neighbourhoods
+    then repair one region, a chain of matching constraints step by step,
+    where seeds scattered over all of them repaired far fewer (K: 27 left
+    against none after 180 s). Returns them and how many nodes touch a
+    forbidden choice."""
     red, choice = state.red, state.choice.tolist()
     local = {v: int(red.cost[v][choice[v]]) for v in free}  # Python ints: sums of 10^18 overflow int64
     for (u, v), m in red.edges.items():
