@@ -49,7 +49,6 @@ from ir.core import IRError
 INFINITE = 10**18  # the instances' "forbidden" cost
 
 
-
 class IopddlError(IRError):
     """A malformed problem or solution file; the message names the file and field."""
 
@@ -442,11 +441,6 @@ def _greedy(state: _State, order: Sequence[int], deadline: float) -> int:
 # ------------------------------------------------------------------ large-neighbourhood search
 
 
-def _model_size(red: _Reduced, free: list[int]) -> int:
-    """Literals of one model of the whole reduced problem (the tight form)."""
-    return sum(len(red.kept[v]) for v in free) + sum(m.size for m in red.edges.values())
-
-
 def _whole_model_pays(red: _Reduced, free: list[int], limit: int) -> bool:
     """One CP-SAT model of everything when it has at most `limit` literals
     (B, G), or up to 4x that when its edges are small tables (at most 16
@@ -454,10 +448,10 @@ def _whole_model_pays(red: _Reduced, free: list[int], limit: int) -> bool:
     literals, reached 666.7e9 as one model in 240 s and 1,151e9 by
     neighbourhoods, where V, 767 nodes with 1,300 pairs per edge and 1.25M
     literals, reached 164e6 as one model and 21e6 by neighbourhoods."""
-    size = _model_size(red, free)
+    pairs = sum(m.size for m in red.edges.values())
+    size = sum(len(red.kept[v]) for v in free) + pairs  # literals of the tight form
     if size <= limit:
         return True
-    pairs = size - sum(len(red.kept[v]) for v in free)
     return size <= 4 * limit and pairs <= 16 * max(len(red.edges), 1)
 
 
