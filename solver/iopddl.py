@@ -621,10 +621,11 @@ def _pair_terms(model, x, u: int, v: int, m: np.ndarray, unary: dict, terms: lis
     unary[u] = np.minimum(unary[u] + rows, INFINITE)
     unary[v] = np.minimum(unary[v] + cols, INFINITE)
     if not tight:
+        now = int(rest[choice[u], choice[v]])
         if len(x[u]) <= len(x[v]):
-            _row_terms(model, x[u], x[v], rest, forbidden, terms, rest[choice[u], choice[v]])
+            _row_terms(model, x[u], x[v], rest, forbidden, terms, now)
         else:
-            _row_terms(model, x[v], x[u], rest.T, forbidden.T, terms, rest[choice[u], choice[v]])
+            _row_terms(model, x[v], x[u], rest.T, forbidden.T, terms, now)
         return
     z = {}
     for i, j in zip(*np.nonzero(~forbidden)):
@@ -653,23 +654,29 @@ def _row_terms(model, xu: list, xv: list, rest: np.ndarray, forbidden: np.ndarra
     edge = None
     if top > 0:
         edge = model.new_int_var(0, top, "")
-        model.add_hint(edge, int(now))
+        model.add_hint(edge, now)
         terms.append((1, edge))
     for i, lit in enumerate(xu):
         where = np.nonzero(forbidden[i])[0]
         if len(where):
-            constraint = model.proto.constraints.add()
-            constraint.enforcement_literal.append(lit.index)
-            constraint.linear.vars.extend(column[where].tolist())
-            constraint.linear.coeffs.extend([1] * len(where))
-            constraint.linear.domain.extend([0, 0])
+            _add_linear(model, column[where].tolist(), [1] * len(where), 0, 0, enforced_by=lit.index)
         where = np.nonzero(rest[i] > 0)[0]
         if len(where):
-            constraint = model.proto.constraints.add()
-            constraint.enforcement_literal.append(lit.index)
-            constraint.linear.vars.extend([edge.index] + column[where].tolist())
-            constraint.linear.coeffs.extend([1] + (-rest[i, where]).tolist())
-            constraint.linear.domain.extend([0, top])
+            _add_linear(model, [edge.index] + column[where].tolist(), [1] + (-rest[i, where]).tolist(), 0, top,
+                        enforced_by=lit.index)
+
+
+def _add_linear(model, variables: list[int], coefficients: list[int], low: int, high: int,
+                enforced_by: int | None = None) -> None:
+    """low <= sum(coefficients * variables) <= high (variables by proto
+    index), enforced by a literal if given: one proto constraint filled by
+    whole lists, where `LinearExpr` costs a Python object per term."""
+    constraint = model.proto.constraints.add()
+    if enforced_by is not None:
+        constraint.enforcement_literal.append(enforced_by)
+    constraint.linear.vars.extend(variables)
+    constraint.linear.coeffs.extend(coefficients)
+    constraint.linear.domain.extend([low, high])
 
 
 # Explicit memory sums above this many terms become a sweep. Below it the
@@ -714,11 +721,11 @@ def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str
     if encoding == "sweep" or (encoding == "auto" and explicit_terms > _SWEEP_TERMS):
         _sweep_constraints(model, terms, first, stop, np.minimum(room, spread))
     else:
-        _segment_constraints(model, terms, first, stop, room, binding)
+        _segment_constraints(model, terms, per_node, first, stop, room, binding)
 
 
-def _segment_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray, room: np.ndarray,
-                         binding: np.ndarray) -> None:
+def _segment_constraints(model, terms: list, counts: np.ndarray, first: np.ndarray, stop: np.ndarray,
+                         room: np.ndarray, binding: np.ndarray) -> None:
     """One sum per binding segment, less the ones a neighbour implies.
     Written straight into the model's proto from index arrays: P's whole
     model holds 30,438 such sums and tens of millions of terms, which took
@@ -726,8 +733,7 @@ def _segment_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray
     segments = len(room)
     arrivals = np.bincount(first, minlength=segments + 1)  # at the start of each segment
     departures = np.bincount(stop, minlength=segments + 1)
-    counts = np.array([len(t) for t in terms], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
+    offsets = np.concatenate([[0], np.cumsum(counts)])  # counts[i]: how many terms node i has
     literals = np.array([lit.index for t in terms for lit, _ in t], dtype=np.int64)
     coefficients = np.array([c for t in terms for _, c in t], dtype=np.int64)
     for k in np.nonzero(binding)[0]:
@@ -741,10 +747,8 @@ def _segment_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray
         sizes = counts[live]
         # The positions offsets[i] .. offsets[i] + counts[i] of every live node i, end to end.
         at = np.repeat(offsets[live] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-        constraint = model.proto.constraints.add()
-        constraint.linear.vars.extend(literals[at].tolist())
-        constraint.linear.coeffs.extend(coefficients[at].tolist())
-        constraint.linear.domain.extend([min(0, int(room[k])), int(room[k])])  # the sum is never negative
+        # The sum is never negative: a negative room makes the domain [room, room], infeasible as it must be.
+        _add_linear(model, literals[at].tolist(), coefficients[at].tolist(), min(0, int(room[k])), int(room[k]))
 
 
 def _sweep_constraints(model, terms: list, first: np.ndarray, stop: np.ndarray, cap: np.ndarray) -> None:
