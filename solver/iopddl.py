@@ -244,18 +244,28 @@ def read_solution(path: str | os.PathLike[str]) -> list[int]:
 @dataclass
 class _Reduced:
     """The problem after presolve. Every node keeps `kept[v]` (original
-    strategy indices) with `cost[v]`, `usage[v]` over them; a node with one
-    kept strategy is fixed (its edges were folded into its neighbours'
-    costs). `edges[(u, v)]` (u < v, both free) is the merged cost matrix
-    over kept strategies, INFINITE where forbidden; `adjacent[v]` lists
-    (neighbour, key)."""
+    strategy indices) with `cost[v]` over them; a node with one kept
+    strategy is fixed (its edges were folded into its neighbours' costs).
+    `edges[(u, v)]` (u < v, both free) is the merged cost matrix over kept
+    strategies, INFINITE where forbidden; `adjacent[v]` lists (neighbour,
+    key).
+
+    A node's memory is piecewise constant in time: `load[v][s, k]` is its
+    usage at strategy s over steps [bounds[v][k], bounds[v][k+1]) and
+    nothing outside them. A node of the input has one such segment (its
+    interval, or none when the interval is empty); a node that absorbed the
+    nodes it determines (`_merge_determined`) carries all of theirs.
+    `merged` lists (v, u, choice) in the order v was absorbed into u: v
+    takes original strategy choice[k] when u takes original strategy k."""
 
     kept: list[np.ndarray]
     cost: list[np.ndarray]
-    usage: list[np.ndarray]
+    bounds: list[np.ndarray]
+    load: list[np.ndarray]
     edges: dict[tuple[int, int], np.ndarray]
     adjacent: list[list[tuple[int, tuple[int, int]]]] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    merged: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
     def free(self, v: int) -> bool:
         return len(self.kept[v]) > 1
@@ -264,6 +274,14 @@ class _Reduced:
         """The edge's matrix with v's strategies as rows."""
         m = self.edges[key]
         return m if key[0] == v else m.T
+
+    def original(self, choice: np.ndarray) -> np.ndarray:
+        """Original strategy indices of `choice` (positions in `kept`); an
+        absorbed node follows the node that absorbed it."""
+        chosen = np.array([self.kept[v][c] for v, c in enumerate(choice.tolist())], dtype=np.int64)
+        for v, u, follows in reversed(self.merged):  # u is decided before v: it was absorbed later, or never
+            chosen[v] = follows[chosen[u]]
+        return chosen
 
 
 def presolve(problem: Problem) -> _Reduced:
@@ -274,8 +292,11 @@ def presolve(problem: Problem) -> _Reduced:
     empty = [v for v in range(n) if len(kept[v]) == 0]
     if empty:
         raise IopddlError(f"node {empty[0]} has only forbidden strategies: the problem has no solution")
+    live = problem.intervals[:, 0] < problem.intervals[:, 1]
     red = _Reduced(kept, [problem.node_costs[v][kept[v]].copy() for v in range(n)],
-                   [problem.node_usages[v][kept[v]].copy() for v in range(n)], {})
+                   [problem.intervals[v] if live[v] else np.zeros(0, dtype=np.int64) for v in range(n)],
+                   [problem.node_usages[v][kept[v]].reshape(-1, 1) if live[v] else
+                    np.zeros((len(kept[v]), 0), dtype=np.int64) for v in range(n)], {})
     red.stats = {"strategies": sum(len(c) for c in problem.node_costs), "edges": problem.num_edges}
     for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
         m = m[np.ix_(red.kept[u], red.kept[v])]
@@ -295,9 +316,7 @@ def presolve(problem: Problem) -> _Reduced:
             _keep(red, v, allowed)
     _drop_dominated(red)
     _fold_fixed(red)
-    red.stats["free_nodes"] = sum(red.free(v) for v in range(n))
-    red.stats["free_strategies"] = sum(len(k) for k in red.kept if len(k) > 1)
-    red.stats["free_edges"] = len(red.edges)
+    _count_free(red)
     return red
 
 
@@ -310,7 +329,7 @@ def _rebuild_adjacency(red: _Reduced) -> None:
 
 def _keep(red: _Reduced, v: int, rows: np.ndarray) -> None:
     """Restrict node v to its kept strategies at positions `rows`."""
-    red.kept[v], red.cost[v], red.usage[v] = red.kept[v][rows], red.cost[v][rows], red.usage[v][rows]
+    red.kept[v], red.cost[v], red.load[v] = red.kept[v][rows], red.cost[v][rows], red.load[v][rows]
     for _, key in red.adjacent[v]:
         red.edges[key] = red.edges[key][rows, :] if key[0] == v else red.edges[key][:, rows]
 
@@ -321,7 +340,7 @@ _DOMINANCE_BUDGET = 4_000_000
 
 
 def _drop_dominated(red: _Reduced) -> None:
-    """Drop s when another strategy is no worse in cost, usage and every
+    """Drop s when another strategy is no worse in cost, load and every
     edge row (identical ones: keep the first). Forbidden pairs count as
     the largest cost, so a strategy free of them can dominate."""
     dropped = 0
@@ -329,7 +348,7 @@ def _drop_dominated(red: _Reduced) -> None:
         s = len(red.kept[v])
         if s < 2:
             continue
-        rows = [red.cost[v][:, None], red.usage[v][:, None]] + [red.matrix(v, k) for _, k in red.adjacent[v]]
+        rows = [red.cost[v][:, None], red.load[v]] + [red.matrix(v, k) for _, k in red.adjacent[v]]
         features = np.concatenate(rows, axis=1)
         if s * s * features.shape[1] > _DOMINANCE_BUDGET:
             continue
@@ -366,6 +385,168 @@ def _fold_fixed(red: _Reduced) -> None:
         red.adjacent[v] = []
 
 
+def _determined(m: np.ndarray) -> np.ndarray | None:
+    """When every row of `m` allows at most one column (the rest forbidden),
+    that column per row, -1 where a row allows none; else None."""
+    allowed = m < INFINITE
+    count = allowed.sum(axis=1)
+    if (count > 1).any():
+        return None
+    return np.where(count == 1, allowed.argmax(axis=1), -1)
+
+
+def _merge_determined(problem: Problem, red: _Reduced) -> _Reduced:
+    """Absorb every node that a neighbour determines: when each strategy of
+    u allows exactly one strategy of v on their edge (every other pair is
+    forbidden), v follows u in any solution of finite cost, so v's cost,
+    the edge's allowed entries and v's other edges (their rows reordered by
+    u's strategies) move to u, and v's memory joins u's. Repeated until no
+    edge determines an end; a strategy of u that allows none of v's is
+    dropped. Exact for every solution without a forbidden choice.
+
+    The instances are full of such edges (a reshape or a copy whose layout
+    is fixed by its operand's): A's 28,071 free nodes become 285, C's
+    22,239 become 237, P's 48,480 become 198. The search then moves a
+    whole chain of operations at once, which single-node moves and
+    neighbourhoods of a few hundred nodes could not (a chain with a
+    forbidden pair at every step only changes all together)."""
+    n = len(red.kept)
+    absorber = _Absorber(problem, red)
+    absorber.run()
+    kept, cost, adjacent, merged = absorber.kept, absorber.cost, absorber.adjacent, absorber.merged
+    absorbed = {v for v, _, _ in merged}
+    bounds, load = list(red.bounds), list(red.load)
+    for v in absorbed:
+        bounds[v], load[v] = np.zeros(0, dtype=np.int64), np.zeros((1, 0), dtype=np.int64)
+    for u, members in _members(merged, kept, absorbed).items():
+        bounds[u], load[u] = _combined_load(problem, members)
+    out = _Reduced(kept, cost, bounds, load, {(u, v): m for u in range(n) for v, m in adjacent[u].items() if u < v},
+                   stats=dict(red.stats), merged=merged)
+    _rebuild_adjacency(out)
+    dropped = red.stats.get("dominated", 0)
+    _drop_dominated(out)  # absorbed costs and loads add up: more strategies are now dominated
+    out.stats["dominated"] += dropped
+    _fold_fixed(out)
+    out.stats["merged"] = len(merged)
+    _count_free(out)
+    return out
+
+
+class _Absorber:
+    """The work of `_merge_determined`: a queue of directed edges (u, v) to
+    check whether u determines v, re-queued whenever their matrix changes."""
+
+    def __init__(self, problem: Problem, red: _Reduced):
+        self.problem = problem
+        self.kept, self.cost = list(red.kept), list(red.cost)
+        self.adjacent: list[dict[int, np.ndarray]] = [{} for _ in red.kept]  # [u][v]: u's strategies as rows
+        for (u, v), m in red.edges.items():
+            self.adjacent[u][v], self.adjacent[v][u] = m, m.T
+        self.merged = list(red.merged)
+        self.work = [(u, v) for u in range(len(red.kept)) for v in self.adjacent[u]]
+        self.queued = set(self.work)  # each directed edge waits at most once
+
+    def recheck(self, u: int, w: int) -> None:
+        for pair in ((u, w), (w, u)):
+            if pair not in self.queued:
+                self.queued.add(pair)
+                self.work.append(pair)
+
+    def run(self) -> None:
+        while self.work:
+            u, v = self.work.pop()
+            self.queued.discard((u, v))
+            m = self.adjacent[u].get(v)
+            follows = None if m is None else _determined(m)
+            if follows is None:
+                continue
+            if len(self.adjacent[u]) < len(self.adjacent[v]):
+                # When each determines the other, the one with fewer edges moves:
+                # otherwise a chain walks a hub's edges along from node to node.
+                back = _determined(m.T)
+                if back is not None and (back >= 0).all():
+                    u, v, follows = v, u, back
+            if (follows < 0).any():
+                rows = np.nonzero(follows >= 0)[0]
+                if not len(rows):
+                    raise IopddlError(f"node {u} has no strategy compatible with node {v}: no solution")
+                self.restrict(u, rows)
+                follows = follows[rows]
+            self.absorb(u, v, follows)
+
+    def restrict(self, u: int, rows: np.ndarray) -> None:
+        """Keep u's strategies at positions `rows` only."""
+        self.kept[u], self.cost[u] = self.kept[u][rows], self.cost[u][rows]
+        for w in self.adjacent[u]:
+            self.adjacent[u][w] = self.adjacent[u][w][rows]
+            self.adjacent[w][u] = self.adjacent[u][w].T
+            self.recheck(u, w)
+
+    def absorb(self, u: int, v: int, follows: np.ndarray) -> None:
+        """v takes strategy follows[i] whenever u takes i."""
+        adjacent, m = self.adjacent, self.adjacent[u][v]
+        self.cost[u] = np.minimum(self.cost[u] + self.cost[v][follows] + m[np.arange(len(follows)), follows],
+                                  INFINITE)
+        full = np.full(len(self.problem.node_costs[u]), -1, dtype=np.int64)
+        full[self.kept[u]] = self.kept[v][follows]
+        self.merged.append((v, u, full))
+        del adjacent[u][v], adjacent[v][u]
+        for w, row in adjacent[v].items():
+            del adjacent[w][v]
+            row = row[follows]
+            adjacent[u][w] = np.minimum(adjacent[u][w] + row, INFINITE) if w in adjacent[u] else row
+            adjacent[w][u] = adjacent[u][w].T
+            self.recheck(u, w)
+        adjacent[v] = {}
+        self.kept[v], self.cost[v] = self.kept[v][:1], np.zeros(1, dtype=np.int64)  # decided by `merged`
+
+
+def _count_free(red: _Reduced) -> None:
+    red.stats["free_nodes"] = sum(red.free(v) for v in range(len(red.kept)))
+    red.stats["free_strategies"] = sum(len(k) for k in red.kept if len(k) > 1)
+    red.stats["free_edges"] = len(red.edges)
+
+
+def _members(merged: list, kept: list[np.ndarray], absorbed: set[int]) -> dict[int, list[tuple[int, np.ndarray]]]:
+    """Per node that absorbed others: itself and every node it decides, each
+    with its original strategy at each of the node's kept strategies."""
+    children: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for v, u, full in merged:
+        children.setdefault(u, []).append((v, full))
+    out = {}
+    for root in children:
+        if root in absorbed:
+            continue
+        members = [(root, kept[root])]
+        stack = [(root, kept[root])]
+        while stack:
+            u, chosen = stack.pop()
+            for v, full in children.get(u, ()):
+                members.append((v, full[chosen]))
+                stack.append((v, full[chosen]))
+        out[root] = members
+    return out
+
+
+def _combined_load(problem: Problem, members: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds and load (see `_Reduced`) of the members' usages added up,
+    adjacent segments with the same load joined."""
+    live = [(v, chosen) for v, chosen in members if problem.intervals[v, 0] < problem.intervals[v, 1]]
+    strategies = len(members[0][1])
+    if not live:
+        return np.zeros(0, dtype=np.int64), np.zeros((strategies, 0), dtype=np.int64)
+    starts = np.array([problem.intervals[v, 0] for v, _ in live])
+    ends = np.array([problem.intervals[v, 1] for v, _ in live])
+    bounds = np.unique(np.concatenate([starts, ends]))
+    usages = np.stack([problem.node_usages[v][chosen] for v, chosen in live])  # [members, strategies]
+    delta = np.zeros((len(bounds), strategies), dtype=np.int64)
+    np.add.at(delta, np.searchsorted(bounds, starts), usages)
+    np.add.at(delta, np.searchsorted(bounds, ends), -usages)
+    load = np.cumsum(delta, axis=0)[:-1].T
+    same = np.concatenate([[False], (load[:, 1:] == load[:, :-1]).all(axis=0), [False]])
+    return bounds[~same], load[:, ~same[:-1]]
+
+
 # ------------------------------------------------------------------ search state
 
 
@@ -375,13 +556,11 @@ class _State:
 
     def __init__(self, problem: Problem, red: _Reduced, choice: np.ndarray):
         self.problem, self.red, self.choice = problem, red, choice
-        self.start, self.end = problem.intervals[:, 0], problem.intervals[:, 1]
-        chosen = self.original()
-        self.profile = usage_profile(problem, chosen)
+        self.profile = usage_profile(problem, self.original())
 
     def original(self) -> np.ndarray:
         """Strategy indices of the original problem."""
-        return np.array([self.red.kept[v][c] for v, c in enumerate(self.choice)], dtype=np.int64)
+        return self.red.original(self.choice)
 
     def node_cost(self, v: int, s: int, choice: np.ndarray | None = None) -> int:
         """v's unary cost at s plus its edges to the current neighbours' choices."""
@@ -398,25 +577,65 @@ class _State:
             total = np.minimum(total + self.red.matrix(v, key)[:, self.choice[w]], INFINITE)
         return total
 
-    def headroom(self, v: int) -> int:
-        """How much more v may use over its interval without breaking the limit."""
-        a, b = self.start[v], self.end[v]
-        if a >= b:
-            return INFINITE
-        return self.problem.usage_limit - int(self.profile[a:b].max())
+    def fits(self, v: int) -> np.ndarray:
+        """Per strategy of v, whether moving v to it keeps memory within the
+        limit wherever it adds usage."""
+        bounds, load = self.red.bounds[v], self.red.load[v]
+        if not len(bounds):
+            return np.ones(len(load), dtype=bool)
+        peak = np.maximum.reduceat(self.profile[bounds[0]:bounds[-1]], bounds[:-1] - bounds[0])
+        extra = load - load[self.choice[v]]
+        return ((extra <= 0) | (peak + extra <= self.problem.usage_limit)).all(axis=1)
 
     def move(self, v: int, s: int) -> None:
-        delta = int(self.red.usage[v][s] - self.red.usage[v][self.choice[v]])
-        if delta:
-            self.profile[self.start[v]:self.end[v]] += delta
+        bounds, load = self.red.bounds[v], self.red.load[v]
+        if len(bounds):
+            delta = load[s] - load[self.choice[v]]
+            if len(delta) == 1:
+                self.profile[bounds[0]:bounds[1]] += delta[0]
+            elif delta.any():
+                self.profile[bounds[0]:bounds[-1]] += np.repeat(delta, np.diff(bounds))
         self.choice[v] = s
 
 
 def _start(problem: Problem, red: _Reduced) -> _State:
     """Least usage everywhere (cheapest among ties): feasible whenever any
     assignment is, unless forbidden pairs get in the way (greedy fixes those)."""
-    choice = np.array([int(np.lexsort((c, u))[0]) for c, u in zip(red.cost, red.usage)], dtype=np.int64)
+    choice = np.array([int(np.lexsort((c, u[k]))[0]) for c, u, k in zip(red.cost, problem.node_usages, red.kept)],
+                      dtype=np.int64)
     return _State(problem, red, choice)
+
+
+def _merged_state(problem: Problem, state: _State) -> _State | None:
+    """The incumbent on the problem with determined nodes absorbed
+    (`_merge_determined`). Without a forbidden choice it follows every
+    determining edge and carries over exactly; otherwise a node whose
+    strategy no longer exists takes its least memory (its load summed over
+    time), and if memory then breaks, every node does. None when that too
+    breaks memory."""
+    red = _merge_determined(problem, state.red)
+    chosen = state.original()
+    least = np.zeros(problem.num_nodes, dtype=np.int64)
+    choice = np.zeros(problem.num_nodes, dtype=np.int64)
+    for v in range(problem.num_nodes):
+        if len(red.kept[v]) > 1:
+            least[v] = int(np.lexsort((red.cost[v], red.load[v] @ np.diff(red.bounds[v])))[0])
+            at = int(np.searchsorted(red.kept[v], chosen[v]))
+            choice[v] = at if at < len(red.kept[v]) and red.kept[v][at] == chosen[v] else least[v]
+    for start in (choice, least):
+        merged = _State(problem, red, start)
+        if merged.profile.max(initial=0) <= problem.usage_limit:
+            return merged
+    return None
+
+
+def _greedy_sweeps(state: _State, order: list[int], rng: random.Random, deadline: float, later: float) -> None:
+    """Greedy sweeps in random orders until nothing moves: the first until
+    `deadline` (it repairs most forbidden choices), later ones until `later`."""
+    for sweep in range(5):
+        rng.shuffle(order)
+        if not _greedy(state, order, deadline if sweep == 0 else later):
+            break
 
 
 def _greedy(state: _State, order: Sequence[int], deadline: float) -> int:
@@ -426,11 +645,8 @@ def _greedy(state: _State, order: Sequence[int], deadline: float) -> int:
     for v in order:
         if time.perf_counter() > deadline:
             break
-        costs = state.costs_of(v)
+        costs = np.where(state.fits(v), state.costs_of(v), INFINITE + 1)
         current = state.choice[v]
-        room = state.headroom(v) + int(state.red.usage[v][current])
-        fits = state.red.usage[v] <= room
-        costs = np.where(fits, costs, INFINITE + 1)
         best = int(np.argmin(costs))
         if costs[best] < costs[current]:
             state.move(v, best)
@@ -520,7 +736,7 @@ def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[in
     else:
         steps = np.nonzero(state.profile >= np.quantile(state.profile, 0.9))[0] if len(state.profile) else []
         t = int(rng.choice(list(steps))) if len(steps) else 0
-        seeds = [v for v in free if state.start[v] <= t < state.end[v]]
+        seeds = [v for v in free if len(red.bounds[v]) and red.bounds[v][0] <= t < red.bounds[v][-1]]
         rng.shuffle(seeds)
     chosen: list[int] = []
     seen = set()
@@ -683,7 +899,7 @@ def _add_linear(model, variables: list[int], coefficients: list[int], low: int, 
 # sums build in seconds and CP-SAT does better with them: B's whole model
 # (33,354 terms) as a sweep ended at 1,285,250 against 690,222 with
 # sums, G's at 1,397,293 against its optimum 217,039.
-_SWEEP_TERMS = 2_000_000
+_SWEEP_TERMS = 10_000_000
 
 
 def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str = "auto") -> None:
@@ -696,56 +912,99 @@ def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str
     of millions of terms (10 s to write, 1 s as a sweep). `encoding`
     "sums" or "sweep" forces one of the two."""
     red = state.red
-    live = np.array([v for v in nodes if state.start[v] < state.end[v]], dtype=np.int64)
-    if not len(live):
-        return
+    # A piece: one segment of one node's load where its strategies differ
+    # (a constant one is as good as fixed: it stays in the profile).
+    owner, column, starts, ends = [], [], [], []
     fixed = state.profile.copy()
-    for v in live:
-        fixed[state.start[v]:state.end[v]] -= int(red.usage[v][state.choice[v]])
-    starts, ends = state.start[live], state.end[live]
+    for v in nodes:
+        bounds, load = red.bounds[v], red.load[v]
+        if not len(bounds):
+            continue
+        differ = load.max(axis=0) > load.min(axis=0)
+        varies = np.nonzero(differ)[0]
+        if not len(varies):
+            continue
+        fixed[bounds[0]:bounds[-1]] -= np.repeat(np.where(differ, load[state.choice[v]], 0), np.diff(bounds))
+        owner += [v] * len(varies)
+        column += varies.tolist()
+        starts.append(bounds[varies])
+        ends.append(bounds[varies + 1])
+    if not owner:
+        return
+    starts, ends = np.concatenate(starts), np.concatenate(ends)
     bounds = np.unique(np.concatenate([starts, ends]))
     segments = len(bounds) - 1
     first, stop = np.searchsorted(bounds, starts), np.searchsorted(bounds, ends)  # live in segments [first, stop)
-    low = np.array([int(red.usage[v].min()) for v in live], dtype=np.int64)
-    spread_v = np.array([int(red.usage[v].max()) for v in live], dtype=np.int64) - low
+    usages = [red.load[v][:, k] for v, k in zip(owner, column)]
+    low = np.array([int(u.min()) for u in usages], dtype=np.int64)
+    spread_v = np.array([int(u.max()) for u in usages], dtype=np.int64) - low
     # The fixed usage's peak over each segment [bounds[k], bounds[k+1]); the
     # sentinel lets the last segment end at the horizon.
     peak = np.maximum.reduceat(np.append(fixed, 0), bounds)[:segments]
     room = state.problem.usage_limit - peak - _segment_sums(first, stop, low, segments)
     spread = _segment_sums(first, stop, spread_v, segments)
-    terms = [[(lit, int(u - low[i])) for u, lit in zip(red.usage[v], x[v]) if u > low[i]]
-             for i, v in enumerate(live.tolist())]
-    binding = spread > room
+    terms = [[(lit, int(u - low[i])) for u, lit in zip(usages[i], x[v]) if u > low[i]]
+             for i, v in enumerate(owner)]
     per_node = np.array([len(t) for t in terms], dtype=np.int64)
-    explicit_terms = int(_segment_sums(first, stop, per_node, segments)[binding].sum())
+    needed = (spread > room) & ~_implied_segments(owner, usages, low, first, stop, state.problem.usage_limit - peak)
+    explicit_terms = int(_segment_sums(first, stop, per_node, segments)[needed].sum())
     if encoding == "sweep" or (encoding == "auto" and explicit_terms > _SWEEP_TERMS):
         _sweep_constraints(model, terms, first, stop, np.minimum(room, spread))
     else:
-        _segment_constraints(model, terms, per_node, first, stop, room, binding)
+        _segment_constraints(model, terms, per_node, first, stop, room, needed)
+
+
+def _implied_segments(owner: list[int], usages: list[np.ndarray], low: np.ndarray, first: np.ndarray,
+                      stop: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Segments whose memory constraint follows from a neighbouring one's.
+    Pieces live in segments [first, stop) with usage `usages[i]` per
+    strategy of node `owner[i]`, at least `low[i]`; `capacity[k]` is what
+    the fixed nodes leave in segment k. Segment k-1 follows from k when
+    every piece leaving at k is followed by a piece of the same node using
+    no less at every strategy, and k has no more capacity, less what the
+    other pieces arriving at k use at least: memory that only grows into k.
+    Symmetrically k follows from k-1 (memory only shrinks); that one is
+    dropped only when k-1 is kept, so two segments never excuse each other.
+
+    A node that absorbed others (`_merge_determined`) changes its load at
+    every start and end of theirs; without this a piece of a node leaving
+    counted as a departure and C's whole model carried 24,832 sums and
+    6.1M terms (CP-SAT's presolve took 12 s to find what is redundant)."""
+    segments = len(capacity)
+    arriving: dict[int, dict[int, int]] = {}
+    leaving: dict[int, dict[int, int]] = {}
+    for i, (v, a, b) in enumerate(zip(owner, first.tolist(), stop.tolist())):
+        arriving.setdefault(a, {})[v] = i
+        leaving.setdefault(b, {})[v] = i
+    grows = np.zeros(segments, dtype=bool)  # segment k follows from k+1
+    shrinks = np.zeros(segments, dtype=bool)  # segment k follows from k-1
+    for k in range(1, segments):
+        arrive, leave = arriving.get(k, {}), leaving.get(k, {})
+        if all(v in arrive and (usages[arrive[v]] >= usages[i]).all() for v, i in leave.items()):
+            new = sum(int(low[i]) for v, i in arrive.items() if v not in leave)
+            grows[k - 1] = capacity[k] - new <= capacity[k - 1]
+        if all(v in leave and (usages[i] <= usages[leave[v]]).all() for v, i in arrive.items()):
+            gone = sum(int(low[i]) for v, i in leave.items() if v not in arrive)
+            shrinks[k] = capacity[k - 1] - gone <= capacity[k]
+    implied = grows.copy()
+    for k in range(1, segments):
+        implied[k] |= shrinks[k] and not implied[k - 1]
+    return implied
 
 
 def _segment_constraints(model, terms: list, counts: np.ndarray, first: np.ndarray, stop: np.ndarray,
-                         room: np.ndarray, binding: np.ndarray) -> None:
-    """One sum per binding segment, less the ones a neighbour implies.
+                         room: np.ndarray, needed: np.ndarray) -> None:
+    """One sum per needed segment.
     Written straight into the model's proto from index arrays: P's whole
     model holds 30,438 such sums and tens of millions of terms, which took
     122 s through `LinearExpr` and Python lists."""
-    segments = len(room)
-    arrivals = np.bincount(first, minlength=segments + 1)  # at the start of each segment
-    departures = np.bincount(stop, minlength=segments + 1)
-    offsets = np.concatenate([[0], np.cumsum(counts)])  # counts[i]: how many terms node i has
+    offsets = np.concatenate([[0], np.cumsum(counts)])  # counts[i]: how many terms piece i has
     literals = np.array([lit.index for t in terms for lit, _ in t], dtype=np.int64)
     coefficients = np.array([c for t in terms for _, c in t], dtype=np.int64)
-    for k in np.nonzero(binding)[0]:
-        # Implied by segment k+1 when nobody leaves between them (it holds a
-        # superset) and it has no more room; likewise by k-1 when nobody arrives.
-        if k + 1 < segments and departures[k + 1] == 0 and room[k + 1] <= room[k]:
-            continue
-        if k > 0 and arrivals[k] == 0 and room[k - 1] <= room[k]:
-            continue
+    for k in np.nonzero(needed)[0]:
         live = np.nonzero((first <= k) & (k < stop) & (counts > 0))[0]
         sizes = counts[live]
-        # The positions offsets[i] .. offsets[i] + counts[i] of every live node i, end to end.
+        # The positions offsets[i] .. offsets[i] + counts[i] of every live piece i, end to end.
         at = np.repeat(offsets[live] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
         # The sum is never negative: a negative room makes the domain [room, room], infeasible as it must be.
         _add_linear(model, literals[at].tolist(), coefficients[at].tolist(), min(0, int(room[k])), int(room[k]))
@@ -874,10 +1133,12 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
     # Greedy sweeps until nothing moves: the first whatever it takes (it
     # repairs most forbidden choices), later ones within a third of what is left.
     sweeps_until = time.perf_counter() + (deadline - time.perf_counter()) / 3
-    for sweep in range(5):
-        rng.shuffle(order)
-        if not _greedy(state, order, deadline if sweep == 0 else sweeps_until):
-            break
+    _greedy_sweeps(state, order, rng, deadline, sweeps_until)
+    merged = _merged_state(problem, state) if free else None
+    if merged is not None:
+        state, red = merged, merged.red
+        free = [v for v in range(problem.num_nodes) if red.free(v)]
+        _greedy_sweeps(state, list(free), rng, deadline, sweeps_until)  # whole chains move at once now
     greedy_cost = evaluate(problem, state.original()).cost
     rounds = improvements = 0
     proven = not free  # nothing left to choose: presolve decided every node

@@ -18,7 +18,9 @@ from solver.iopddl import (
     INFINITE,
     IopddlError,
     SolveOptions,
+    _combined_load,
     _hot_nodes,
+    _merge_determined,
     _neighbourhood,
     _start,
     _subsolve,
@@ -101,10 +103,12 @@ def extreme_peak(problem, pick) -> int:
     return int(usage_profile(problem, np.array(chosen)).max(initial=0))
 
 
-def synthetic(seed: int, nodes: int, max_strategies: int = 4, horizon: int = 24, max_product: int | None = 4000):
+def synthetic(seed: int, nodes: int, max_strategies: int = 4, horizon: int = 24, max_product: int | None = 4000,
+              determined: float = 0.0):
     """A random instance in the file format: a random path through the nodes (so the graph is connected)
     plus random edges, one pair repeated the same way and one the other way round, a few forbidden node
-    and edge entries, some empty intervals. usage_limit is left huge (no memory constraint)."""
+    and edge entries, some empty intervals. usage_limit is left huge (no memory constraint). A fraction
+    `determined` of the edges allow one pair per row (the rest forbidden), now and then none."""
     rng = np.random.default_rng(seed)
     counts = [int(k) for k in rng.integers(2, max_strategies + 1, size=nodes)]
     while max_product is not None and int(np.prod(counts)) > max_product:
@@ -127,18 +131,23 @@ def synthetic(seed: int, nodes: int, max_strategies: int = 4, horizon: int = 24,
     edge_costs = []
     for u, v in pairs:
         flat = rng.integers(0, 60, size=counts[u] * counts[v]).tolist()
-        if rng.random() < 0.4:
+        if rng.random() < determined:
+            for i in range(counts[u]):
+                allowed = int(rng.integers(counts[v])) if rng.random() < 0.9 else -1
+                flat[i * counts[v]:(i + 1) * counts[v]] = [flat[i * counts[v] + j] if j == allowed else INFINITE
+                                                         for j in range(counts[v])]
+        elif rng.random() < 0.4:
             flat[int(rng.integers(len(flat)))] = INFINITE
         edge_costs.append(flat)
     return instance(intervals, costs, usages, pairs, edge_costs, limit=10**12, name=f"synthetic-{seed}")
 
 
 @functools.cache
-def binding_instance(seed: int) -> tuple[str, tuple[int, ...]]:
+def binding_instance(seed: int, determined: float = 0.0) -> tuple[str, tuple[int, ...]]:
     """A small synthetic instance (JSON text) whose usage_limit lies between the least-usage peak and the
     peak of the optimum without memory limit, and still admits a feasible solution; and that optimum."""
     for attempt in range(50):
-        data = synthetic(1000 * seed + attempt, nodes=6 + seed % 4)
+        data = synthetic(1000 * seed + attempt, nodes=6 + seed % 4, determined=determined)
         free = brute_force(parse_problem(data))
         if free is None:
             continue
@@ -297,11 +306,11 @@ def test_fixed_node_after_the_neighbourhood_does_not_shrink_its_room(path):
 
 def hub_instance(spokes: int = 200) -> dict:
     """A hub (strategy 0 costs 10,000, strategy 1 nothing) with `spokes` neighbours, every edge 0 when both
-    ends agree and 100 when not, no memory in play. Least usage puts everyone at 0 (cost 10,000); moving
+    ends agree and 100 when not, memory far from binding. Least usage puts everyone at 0 (cost 10,000); moving
     the hub with k spokes saves 10,000 - 100 * (spokes - k): an improvement only with more than half of
     them, the optimum (0) with all of them. A chain of small moves never gets there."""
     n = spokes + 1
-    return instance([[0, 0]] * n, [[10_000, 0]] + [[0, 0]] * spokes, [[1, 2]] * n,
+    return instance([[0, 1]] * n, [[10_000, 0]] + [[0, 0]] * spokes, [[1, 2]] * n,
                     [[0, v] for v in range(1, n)], [[0, 100, 100, 0]] * spokes, limit=10**6, name="hub")
 
 
@@ -381,6 +390,64 @@ def test_self_edge_takes_its_diagonal():
     assert brute_force(problem) == Best(11, (0, 0))  # (1, 0): usage 3 + 2 = 5 fits, cost 1 + 2 + 5 + 6 = 14
     result = solve(problem, SolveOptions(time_limit_s=5, max_rounds=20))
     assert (result.strategies, result.evaluation.cost) == ((0, 0), 11)
+
+
+# ------------------------------------------------------------------ 2b. nodes that a neighbour determines
+
+
+def merged_cost_and_profile(problem, red, choice) -> tuple[int, np.ndarray]:
+    """Cost and usage profile of `choice` read off the merged problem alone (costs, edges, loads)."""
+    cost = sum(int(red.cost[v][c]) for v, c in enumerate(choice))
+    cost += sum(int(m[choice[u], choice[v]]) for (u, v), m in red.edges.items())
+    profile = np.zeros(problem.horizon, dtype=np.int64)
+    for v, c in enumerate(choice):
+        b = red.bounds[v]
+        for k in range(len(b) - 1):
+            profile[b[k]:b[k + 1]] += red.load[v][c, k]
+    return cost, profile
+
+
+DETERMINED_SEEDS = (0, 1, 4, 5)  # instances where 2 to 4 nodes are absorbed and 2 to 4 stay free
+
+
+@pytest.mark.parametrize("seed", DETERMINED_SEEDS)
+def test_merging_determined_nodes_is_exact(seed):
+    # Every assignment of the merged problem costs and uses what its expansion does in the original, and the
+    # cheapest feasible one of them is the brute-force optimum of the original.
+    problem = parse_problem(json.loads(binding_instance(seed, determined=0.5)[0]))
+    red = _merge_determined(problem, presolve(problem))
+    assert red.stats["merged"] >= 2 and red.stats["free_nodes"] >= 2
+    best = None
+    for choice in itertools.product(*(range(len(k)) for k in red.kept)):
+        cost, profile = merged_cost_and_profile(problem, red, choice)
+        original = red.original(np.array(choice))
+        evaluation = evaluate(problem, original)
+        assert np.array_equal(profile, usage_profile(problem, original))
+        if cost < INFINITE:
+            assert evaluation.cost == cost
+            if evaluation.feasible and (best is None or cost < best):
+                best = cost
+        else:
+            assert evaluation.forbidden
+    assert best == brute_force(problem).cost
+
+
+def test_combined_load_joins_equal_segments_and_keeps_gaps():
+    # Node 0 (the one that absorbed) at [0, 2), node 1 at [2, 4) with the same usage, node 2 at [6, 8) taking
+    # strategy 1 when node 0 takes 0 and 0 when it takes 1.
+    problem = parse_problem(instance([[0, 2], [2, 4], [6, 8]], [[0, 0]] * 3, [[1, 2], [1, 2], [5, 0]]))
+    bounds, load = _combined_load(problem, [(0, np.array([0, 1])), (1, np.array([0, 1])), (2, np.array([1, 0]))])
+    assert bounds.tolist() == [0, 4, 6, 8]
+    assert load.tolist() == [[1, 0, 0], [2, 0, 5]]
+
+
+@pytest.mark.parametrize("path", ["whole", "lns"])
+def test_solver_matches_brute_force_with_determined_nodes(path):
+    for seed in DETERMINED_SEEDS:
+        problem = parse_problem(json.loads(binding_instance(seed, determined=0.5)[0]))
+        result = solve(problem, SolveOptions(time_limit_s=5, max_rounds=60, **PATHS[path]))
+        assert result.stats["merged"] >= 2
+        assert result.evaluation.feasible and result.evaluation.cost == brute_force(problem).cost
 
 
 # ------------------------------------------------------------------ 3. presolve
