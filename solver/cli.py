@@ -343,9 +343,10 @@ def _iopddl_parser(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     s = verbs.add_parser("solve", help="solve an instance (.json or .json.gz) within a time limit",
                          description="Solve an IOPDDL instance: presolve, a least-memory start improved greedily, "
-                         "then CP-SAT on neighbourhoods of the incumbent until the time limit. Prints the cost, "
-                         "feasibility and time, then the strategy list (one index per node). Exit 1 when no "
-                         "feasible solution was found.")
+                         "nodes that a neighbour determines absorbed into it, then CP-SAT (one model of the whole "
+                         "problem when small, else neighbourhoods of the incumbent) until the time limit. "
+                         "Prints the cost, feasibility and time, then the strategy list (one index per node). "
+                         "Exit 1 when no feasible solution was found.")
     s.add_argument("file", help="instance, e.g. ../shared/iopddl/asplos-2025-iopddl-B.json.gz")
     s.add_argument("--time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="wall-clock limit of the solve after reading (default 60)")

@@ -15,17 +15,22 @@ Solver (`solve`):
   2. a feasible start: every node at its least-usage strategy (the limit
      is about 1.1x that peak in every instance), then greedy descent:
      each node to its cheapest strategy that keeps memory feasible;
-  3. CP-SAT: a small reduced problem is one model, hinted with the
+  3. nodes a neighbour determines (each of its strategies allows one of
+     theirs, every other pair forbidden) absorbed into it, exactly: tens
+     of thousands of free nodes become a few hundred on most instances,
+     whose memory is then piecewise constant in time; greedy again;
+  4. CP-SAT: a small reduced problem is one model, hinted with the
      incumbent, solved for the rest of the time; a large one gets
      large-neighbourhood search: CP-SAT re-solves a neighbourhood (grown in
      the graph from one of the most expensive nodes together with its whole
      star, a random node, or the nodes live at a step near the memory peak)
      with everything else fixed at the incumbent, which hints it; an
      improvement of the exact cost is kept. The memory of a model is one
-     constraint per segment of time over which its set of live nodes is
+     constraint per segment of time over which its nodes' usages are
      constant (the others' usage enters as the segment's peak), only where
-     the model could exceed the limit; written as explicit sums, or as a
-     running sweep when those sums would be large.
+     the model could exceed the limit and no neighbouring segment implies
+     it; written as explicit sums, or as a running sweep when those sums
+     would be large.
 Costs are summed in Python ints (they overflow int64); CP-SAT sees costs
 relative to each node's and edge's minimum, which fit.
 """
@@ -316,6 +321,7 @@ def presolve(problem: Problem) -> _Reduced:
             _keep(red, v, allowed)
     _drop_dominated(red)
     _fold_fixed(red)
+    red.stats["merged"] = 0  # nodes absorbed by `_merge_determined`, later
     _count_free(red)
     return red
 
@@ -898,14 +904,16 @@ def _add_linear(model, variables: list[int], coefficients: list[int], low: int, 
 # Explicit memory sums above this many terms become a sweep. Below it the
 # sums build in seconds and CP-SAT does better with them: B's whole model
 # (33,354 terms) as a sweep ended at 1,285,250 against 690,222 with
-# sums, G's at 1,397,293 against its optimum 217,039.
+# sums, G's at 1,397,293 against its optimum 217,039; C's absorbed whole
+# model (3.5M terms) reached 113.5e9 in 60 s with sums, 461e9 as a sweep.
 _SWEEP_TERMS = 10_000_000
 
 
 def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str = "auto") -> None:
     """Usage of the neighbourhood within the room the fixed nodes leave, per
-    segment of time over which its set of live nodes is constant, only in
-    segments where it could exceed that room. Written as one sum per such
+    segment of time over which its nodes' usages are constant, only in
+    segments where it could exceed that room and no neighbouring segment
+    implies it (`_implied_segments`). Written as one sum per such
     segment while those sums stay small; past that as a sweep (see
     `_sweep_constraints`), whose size grows with the nodes, not with
     nodes times segments: the explicit sums of P's whole model held tens

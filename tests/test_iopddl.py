@@ -20,6 +20,7 @@ from solver.iopddl import (
     SolveOptions,
     _combined_load,
     _hot_nodes,
+    _implied_segments,
     _merge_determined,
     _neighbourhood,
     _start,
@@ -439,6 +440,27 @@ def test_combined_load_joins_equal_segments_and_keeps_gaps():
     bounds, load = _combined_load(problem, [(0, np.array([0, 1])), (1, np.array([0, 1])), (2, np.array([1, 0]))])
     assert bounds.tolist() == [0, 4, 6, 8]
     assert load.tolist() == [[1, 0, 0], [2, 0, 5]]
+
+
+def implied(owner, usages, first, stop, capacity) -> list[bool]:
+    usages = [np.array(u) for u in usages]
+    return _implied_segments(owner, usages, np.array([u.min() for u in usages]), np.array(first), np.array(stop),
+                             np.array(capacity)).tolist()
+
+
+def test_implied_segments():
+    # Node 0's load over segments 0, 1, 2 grows from [1, 2] to [3, 4] and shrinks to [2, 2]: only the top binds.
+    assert implied([0, 0, 0], [[1, 2], [3, 4], [2, 2]], [0, 1, 2], [1, 2, 3], [10, 10, 10]) == [True, False, True]
+    # Not when the top has more capacity than its neighbours, nor when one node grows while another shrinks.
+    assert implied([0, 0, 0], [[1, 2], [3, 4], [2, 2]], [0, 1, 2], [1, 2, 3], [10, 11, 10]) == [False] * 3
+    assert implied([0, 0, 1, 1], [[1, 2], [3, 4], [5, 5], [4, 4]], [0, 1, 0, 1], [1, 2, 1, 2],
+                   [10, 10]) == [False, False]
+    # A node arriving anew at segment 1 uses at least 5 there: segment 0 follows while segment 1 has at most
+    # 5 more capacity.
+    assert implied([0, 1], [[1, 2], [5, 6]], [0, 1], [2, 2], [10, 14]) == [True, False]
+    assert implied([0, 1], [[1, 2], [5, 6]], [0, 1], [2, 2], [10, 16]) == [False, False]
+    # Equal neighbours imply each other; one of them stays.
+    assert implied([0, 0], [[1, 1], [1, 1]], [0, 1], [1, 2], [10, 10]) == [True, False]
 
 
 @pytest.mark.parametrize("path", ["whole", "lns"])
