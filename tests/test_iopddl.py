@@ -8,6 +8,8 @@ import functools
 import gzip
 import itertools
 import json
+import math
+import random
 from typing import NamedTuple
 
 import numpy as np
@@ -19,9 +21,11 @@ from solver.iopddl import (
     IopddlError,
     SolveOptions,
     _combined_load,
+    _greedy_sweeps,
     _hot_nodes,
     _implied_segments,
     _merge_determined,
+    _merged_state,
     _neighbourhood,
     _start,
     _subsolve,
@@ -442,6 +446,21 @@ def test_combined_load_joins_equal_segments_and_keeps_gaps():
     assert load.tolist() == [[1, 0, 0], [2, 0, 5]]
 
 
+@pytest.mark.parametrize("tight", [True, False], ids=["tight", "rows"])
+@pytest.mark.parametrize("memory", ["sums", "sweep"])
+def test_whole_model_of_the_absorbed_problem_proves_the_optimum(tight, memory):
+    for seed in DETERMINED_SEEDS:
+        problem = parse_problem(json.loads(binding_instance(seed, determined=0.5)[0]))
+        state = _start(problem, presolve(problem))
+        _greedy_sweeps(state, list(range(problem.num_nodes)), random.Random(0), math.inf, math.inf)
+        state = _merged_state(problem, state)  # what `solve` does (it repairs forbidden choices first)
+        free = [v for v in range(problem.num_nodes) if state.red.free(v)]
+        assert state.red.stats["merged"] >= 2
+        improved, optimal = _subsolve(state, free, 10.0, 1, 0, tight=tight, memory=memory)
+        assert optimal
+        assert evaluate(problem, state.original()).cost == brute_force(problem).cost
+
+
 def implied(owner, usages, first, stop, capacity) -> list[bool]:
     usages = [np.array(u) for u in usages]
     return _implied_segments(owner, usages, np.array([u.min() for u in usages]), np.array(first), np.array(stop),
@@ -463,7 +482,7 @@ def test_implied_segments():
     assert implied([0, 0], [[1, 1], [1, 1]], [0, 1], [1, 2], [10, 10]) == [True, False]
 
 
-@pytest.mark.parametrize("path", ["whole", "lns"])
+@pytest.mark.parametrize("path", ["lns", "lns-sweep"])  # small enough for one tight model: nothing absorbed
 def test_solver_matches_brute_force_with_determined_nodes(path):
     for seed in DETERMINED_SEEDS:
         problem = parse_problem(json.loads(binding_instance(seed, determined=0.5)[0]))
