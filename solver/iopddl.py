@@ -15,9 +15,10 @@ Solver (`solve`):
   2. a feasible start: every node at its least-usage strategy (the limit
      is about 1.1x that peak in every instance), then greedy descent:
      each node to its cheapest strategy that keeps memory feasible;
-  3. nodes a neighbour determines (each of its strategies allows one of
-     theirs, every other pair forbidden) absorbed into it, exactly: tens
-     of thousands of free nodes become a few hundred on most instances,
+  3. unless the problem is small enough for one tight model, nodes a
+     neighbour determines (each of its strategies allows one of theirs,
+     every other pair forbidden) absorbed into it, exactly: tens of
+     thousands of free nodes become a few hundred on most instances,
      whose memory is then piecewise constant in time; greedy again;
   4. CP-SAT: a small reduced problem is one model, hinted with the
      incumbent, solved for the rest of the time; a large one gets
