@@ -367,7 +367,7 @@ def _drop_dominated(red: _Reduced) -> None:
         if dominated.any():
             dropped += int(dominated.sum())
             _keep(red, v, np.nonzero(~dominated)[0])
-    red.stats["dominated"] = dropped
+    red.stats["dominated"] = red.stats.get("dominated", 0) + dropped  # presolve's, then again after absorbing
 
 
 def _fold_fixed(red: _Reduced) -> None:
@@ -430,9 +430,7 @@ def _merge_determined(problem: Problem, red: _Reduced) -> _Reduced:
     out = _Reduced(kept, cost, bounds, load, {(u, v): m for u in range(n) for v, m in adjacent[u].items() if u < v},
                    stats=dict(red.stats), merged=merged)
     _rebuild_adjacency(out)
-    dropped = red.stats.get("dominated", 0)
     _drop_dominated(out)  # absorbed costs and loads add up: more strategies are now dominated
-    out.stats["dominated"] += dropped
     _fold_fixed(out)
     out.stats["merged"] = len(merged)
     _count_free(out)
