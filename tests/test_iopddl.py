@@ -24,10 +24,15 @@ from solver.iopddl import (
     _greedy_sweeps,
     _hot_nodes,
     _implied_segments,
+    _lp_roundings,
+    _lp_start,
     _merge_determined,
     _merged_state,
     _neighbourhood,
+    _repair_memory,
+    _round_along_edges,
     _start,
+    _State,
     _subsolve,
     _sweep_constraints,
     _whole_model,
@@ -489,6 +494,74 @@ def test_solver_matches_brute_force_with_determined_nodes(path):
         result = solve(problem, SolveOptions(time_limit_s=5, max_rounds=60, **PATHS[path]))
         assert result.stats["merged"] >= 2
         assert result.evaluation.feasible and result.evaluation.cost == brute_force(problem).cost
+
+
+# ------------------------------------------------------------------ 2c. the LP relaxation
+
+
+def tree_instance(seed: int, nodes: int = 7) -> dict:
+    """A random tree (each node hangs off an earlier one), 2 to 3 strategies a node, one forbidden pair."""
+    rng = np.random.default_rng(seed)
+    counts = [int(k) for k in rng.integers(2, 4, size=nodes)]
+    pairs = [[int(rng.integers(v)), v] for v in range(1, nodes)]
+    edge_costs = [rng.integers(0, 60, size=counts[u] * counts[v]).tolist() for u, v in pairs]
+    edge_costs[0][0] = INFINITE
+    return instance([[0, 4]] * nodes, [rng.integers(0, 100, size=k).tolist() for k in counts],
+                    [[1] * k for k in counts], pairs, edge_costs, limit=10**6, name=f"tree-{seed}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_rounding_is_the_optimum_on_a_tree(seed):
+    # The local polytope is integral on a tree: with memory not binding, the rounding is the brute-force optimum.
+    problem = parse_problem(tree_instance(seed))
+    state = _start(problem, presolve(problem))
+    free = [v for v in range(problem.num_nodes) if state.red.free(v)]
+    roundings = _lp_roundings(state, free, math.inf)
+    assert len(roundings) == 2
+    for rounded in roundings:
+        choice = state.choice.copy()
+        choice[free] = rounded
+        assert evaluate(problem, state.red.original(choice)).cost == brute_force(problem).cost
+
+
+def test_rounding_along_edges_keeps_a_mixture_consistent():
+    # Nodes 0 and 1, two strategies each, the edge allowing only (0, 1) and (1, 0): an LP solution half one and
+    # half the other rounds node by node to (0, 0), forbidden; along the edge it follows node 0's choice.
+    problem = parse_problem(instance([[0, 1]] * 2, [[0, 0]] * 2, [[1, 1]] * 2, [[0, 1]],
+                                     [[INFINITE, 0, 0, INFINITE]], limit=10))
+    red = presolve(problem)
+    values = {0: np.array([0.5, 0.5]), 1: np.array([0.5, 0.5])}
+    pair = {(0, 1): np.array([[0.0, 0.5], [0.5, 0.0]])}
+    assert _round_along_edges(red, [0, 1], values, pair) == {0: 0, 1: 1}
+
+
+def test_repair_memory_frees_the_cheapest_usage_first():
+    # A [0,10), B [5,15), C [12,20), limit 10; strategy 0 uses 8, strategy 1 uses 2 and costs more: A 20, B 10,
+    # C 100. All at strategy 0 overfill steps 5..9 (A, B) and 12..14 (B, C); B's change frees both for 9.
+    problem = parse_problem(instance([[0, 10], [5, 15], [12, 20]], [[1, 20], [1, 10], [1, 100]],
+                                     [[8, 2], [8, 2], [8, 2]], limit=10))
+    red = presolve(problem)
+    state = _State(problem, red, np.zeros(3, dtype=np.int64))
+    assert _repair_memory(state, [0, 1, 2])
+    assert state.choice.tolist() == [0, 1, 0]
+    assert evaluate(problem, state.original()).feasible
+    # Nothing frees enough when the limit is below the least usage.
+    tight = parse_problem(instance([[0, 10], [5, 15]], [[1, 20], [1, 10]], [[8, 2], [8, 2]], limit=3))
+    state = _State(tight, presolve(tight), np.zeros(2, dtype=np.int64))
+    assert not _repair_memory(state, [0, 1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lp_start_fits_memory_and_never_costs_more(seed):
+    problem = parse_problem(json.loads(binding_instance(seed)[0]))
+    state = _start(problem, presolve(problem))
+    free = [v for v in range(problem.num_nodes) if state.red.free(v)]
+    before = evaluate(problem, state.original()).cost
+    assert _lp_roundings(state, free, math.inf)  # the LP is solved, memory rows and all
+    after = _lp_start(state, free, math.inf, math.inf, random.Random(0))
+    evaluation = evaluate(problem, after.original())
+    assert evaluation.feasible and evaluation.cost <= before
+    assert after is state or evaluation.cost < before
 
 
 # ------------------------------------------------------------------ 3. presolve
