@@ -231,7 +231,8 @@ def cmd_iopddl_solve(args: argparse.Namespace) -> int:
         print(f"{args.file}: {problem.name}, {problem.num_nodes} nodes, {problem.num_edges} edges "
               f"(read in {read_s:.1f} s)")
         print(f"{result.message}: cost {ev.cost:,}, peak usage {ev.peak:,} of {problem.usage_limit:,}, "
-              f"{result.seconds:.1f} s ({result.rounds} neighbourhoods, {result.improvements} improved)")
+              f"{result.seconds:.1f} s ({result.rounds} neighbourhoods, {result.improvements} improved"
+              + (f"; LP rounding {result.lp_cost:,}" if result.lp_cost is not None else "") + ")")
         print(" ".join(map(str, result.strategies)))
     return 0 if result.evaluation.feasible else EXIT_INPUT_ERROR
 
@@ -343,8 +344,9 @@ def _iopddl_parser(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     s = verbs.add_parser("solve", help="solve an instance (.json or .json.gz) within a time limit",
                          description="Solve an IOPDDL instance: presolve, a least-memory start improved greedily, "
-                         "nodes that a neighbour determines absorbed into it, then CP-SAT (one model of the whole "
-                         "problem when small, else neighbourhoods of the incumbent) until the time limit. "
+                         "nodes that a neighbour determines absorbed into it, then, when the problem is small, its LP "
+                         "relaxation rounded and repaired to fit memory and one CP-SAT model of the whole problem, "
+                         "else CP-SAT on neighbourhoods of the incumbent, until the time limit. "
                          "Prints the cost, feasibility and time, then the strategy list (one index per node). "
                          "Exit 1 when no feasible solution was found.")
     s.add_argument("file", help="instance, e.g. ../shared/iopddl/asplos-2025-iopddl-B.json.gz")

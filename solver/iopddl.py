@@ -20,8 +20,11 @@ Solver (`solve`):
      every other pair forbidden) absorbed into it, exactly: tens of
      thousands of free nodes become a few hundred on most instances,
      whose memory is then piecewise constant in time; greedy again;
-  4. CP-SAT: a small reduced problem is one model, hinted with the
-     incumbent, solved for the rest of the time; a large one gets
+  4. a small reduced problem: its LP relaxation (the local polytope,
+     memory rows added as the LP overfills them) solved by GLOP, rounded
+     along the edges, repaired to fit memory and improved greedily,
+     replaces the incumbent when cheaper; then one CP-SAT model, hinted
+     with the incumbent, solved for the rest of the time. A large one gets
      large-neighbourhood search: CP-SAT re-solves a neighbourhood (grown in
      the graph from one of the most expensive nodes together with its whole
      star, a random node, or the nodes live at a step near the memory peak)
@@ -760,7 +763,7 @@ def _neighbourhood(state: _State, rng: random.Random, budget: int, free: list[in
     return chosen, seed
 
 
-def _lp_roundings(state: _State, nodes: list[int], deadline: float, rows_per_round: int = 10) -> list[np.ndarray]:
+def _lp_roundings(state: _State, nodes: list[int], deadline: float, rows_per_round: int = 5) -> list[np.ndarray]:
     """Assignments of `nodes` (positions in `kept`, everything else fixed
     at the incumbent) rounded from an optimal solution of the LP
     relaxation (`_Relaxation`): along the edges (`_round_along_edges`)
@@ -768,9 +771,11 @@ def _lp_roundings(state: _State, nodes: list[int], deadline: float, rows_per_rou
     roundings may overfill memory (see `_repair_memory`).
 
     Memory rows are added lazily, the `rows_per_round` segments the LP
-    solution overfills most at a time: C needed 20 of its 21,849 segments
-    (solves of 1.4 s, 5.5 s, 1.9 s: each row is dense); 50 at a time took
-    31 s, all of them more than 5 minutes."""
+    solution overfills most at a time: C needs about 20 of its 21,849
+    segments. Each row is dense, and the rows change the LP's difficulty
+    more than its size: 5 at a time solved C's LP in 12 s and D's in 12 s,
+    10 at a time in 10 s and 28 s, 50 at a time C's in 31 s, all of
+    C's segments at once took more than 5 minutes."""
     from ortools.linear_solver import pywraplp
 
     relaxation = _Relaxation(state, nodes)
@@ -880,11 +885,14 @@ class _Relaxation:
 
 
 def _lp_start(state: _State, free: list[int], lp_deadline: float, deadline: float,
-              rng: random.Random) -> _State:
+              rng: random.Random) -> tuple[_State, int | None]:
     """The incumbent or, when cheaper, one of the LP's roundings
-    (`_lp_roundings`) made to fit memory and improved greedily."""
+    (`_lp_roundings`) made to fit memory and improved greedily; and the
+    cheapest such rounding's cost (None: the LP was not solved in time or
+    no rounding fit memory)."""
     problem = state.problem
     best, best_cost = state, evaluate(problem, state.original()).cost
+    lp_cost = None
     for rounded in _lp_roundings(state, free, lp_deadline):
         choice = state.choice.copy()
         choice[free] = rounded
@@ -893,9 +901,10 @@ def _lp_start(state: _State, free: list[int], lp_deadline: float, deadline: floa
             continue
         _greedy_sweeps(candidate, list(free), rng, deadline, deadline)
         cost = evaluate(problem, candidate.original()).cost
+        lp_cost = cost if lp_cost is None else min(lp_cost, cost)
         if cost < best_cost:
             best, best_cost = candidate, cost
-    return best
+    return best, lp_cost
 
 
 def _repair_memory(state: _State, nodes: list[int]) -> bool:
@@ -1328,11 +1337,13 @@ class SolveResult:
     greedy_cost: int
     stats: dict[str, int]
     message: str
+    lp_cost: int | None = None  # the best LP rounding, repaired and improved (None: no LP solved)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.evaluation.to_json(), "time_s": self.seconds, "rounds": self.rounds,
                 "improvements": self.improvements, "start_cost": self.start_cost, "greedy_cost": self.greedy_cost,
-                "presolve": dict(self.stats), "message": self.message, "strategies": list(self.strategies)}
+                "lp_cost": self.lp_cost, "presolve": dict(self.stats), "message": self.message,
+                "strategies": list(self.strategies)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -1383,13 +1394,16 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
         _greedy_sweeps(state, list(free), rng, deadline, sweeps_until)  # whole chains move at once now
     greedy_cost = evaluate(problem, state.original()).cost
     rounds = improvements = 0
+    lp_cost = None
     proven = not free  # nothing left to choose: presolve decided every node
     whole = _whole_model(red, free, options.whole_model_limit) if free else None
     if whole is not None:
-        # The LP's rounding first, given up to half the time: on C and D it
-        # lands within 0.1% of the best known costs, in seconds, where
-        # CP-SAT stalled 38% and 50% above them.
-        state = _lp_start(state, free, deadline - (deadline - time.perf_counter()) / 2, deadline, rng)
+        # The LP's rounding first, given up to three quarters of the time:
+        # it took C, D and Q below the best known costs, where CP-SAT alone
+        # stalled 15% to 50% above them after the whole minute, and CP-SAT
+        # seldom improves on it. GLOP's time varies with the objective's
+        # scale: D's LP took 11.5 s to 29 s for scales 10x apart.
+        state, lp_cost = _lp_start(state, free, deadline - (deadline - time.perf_counter()) / 4, deadline, rng)
         # CP-SAT's own portfolio (its LNS and local search, hinted with the
         # incumbent) beats our neighbourhoods here.
         improved, proven = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
@@ -1440,4 +1454,4 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
                "no feasible solution found (forbidden choices remain)" if evaluation.forbidden else
                "no feasible solution found (memory)")
     return SolveResult(tuple(strategies.tolist()), evaluation, time.perf_counter() - start, rounds, improvements,
-                       start_cost, greedy_cost, red.stats, message)
+                       start_cost, greedy_cost, red.stats, message, lp_cost)

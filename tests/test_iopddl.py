@@ -558,10 +558,11 @@ def test_lp_start_fits_memory_and_never_costs_more(seed):
     free = [v for v in range(problem.num_nodes) if state.red.free(v)]
     before = evaluate(problem, state.original()).cost
     assert _lp_roundings(state, free, math.inf)  # the LP is solved, memory rows and all
-    after = _lp_start(state, free, math.inf, math.inf, random.Random(0))
+    after, lp_cost = _lp_start(state, free, math.inf, math.inf, random.Random(0))
     evaluation = evaluate(problem, after.original())
     assert evaluation.feasible and evaluation.cost <= before
-    assert after is state or evaluation.cost < before
+    assert after is state or evaluation.cost == lp_cost < before
+    assert lp_cost is None or lp_cost >= brute_force(problem).cost
 
 
 # ------------------------------------------------------------------ 3. presolve
@@ -759,6 +760,7 @@ def test_cli_solve_and_eval(capsys, tmp_path):
     assert report["cost"] == brute_force(read_problem(EXAMPLE)).cost == EXAMPLE_OPTIMUM
     assert report["feasible"] is True
     assert report["strategies"] == [0, 0, 2, 1, 0]
+    assert report["lp_cost"] == EXAMPLE_OPTIMUM  # a whole model: its LP's rounding is already the optimum
     assert (report["nodes"], report["edges"], report["usage_limit"], report["peak_usage"]) == (5, 5, 50, 50)
     written = json.loads(out_file.read_text())
     assert written == {"instance": "example", "cost": EXAMPLE_OPTIMUM, "strategies": [0, 0, 2, 1, 0]}
@@ -772,7 +774,7 @@ def test_cli_solve_text(capsys):
     code, out, _ = shardplan(capsys, "iopddl", "solve", EXAMPLE, "--time-limit", "5", "--max-rounds", "30")
     assert code == 0
     lines = out.splitlines()
-    assert "cost 445, peak usage 50 of 50" in lines[1]
+    assert "cost 445, peak usage 50 of 50" in lines[1] and "LP rounding 445" in lines[1]
     assert lines[-1] == "0 0 2 1 0"
 
 
