@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import random
 import time
@@ -897,7 +898,7 @@ def _lp_start(state: _State, free: list[int], lp_deadline: float, deadline: floa
         choice = state.choice.copy()
         choice[free] = rounded
         candidate = _State(problem, state.red, choice)
-        if not _repair_memory(candidate, free):
+        if not _repair_memory(candidate, free, deadline):
             continue
         _greedy_sweeps(candidate, list(free), rng, deadline, deadline)
         cost = evaluate(problem, candidate.original()).cost
@@ -907,13 +908,16 @@ def _lp_start(state: _State, free: list[int], lp_deadline: float, deadline: floa
     return best, lp_cost
 
 
-def _repair_memory(state: _State, nodes: list[int]) -> bool:
+def _repair_memory(state: _State, nodes: list[int], deadline: float = math.inf) -> bool:
     """Moves among `nodes` until memory fits, each at the most overfilled
     step: the strategy change that frees usage there at the least added
     cost per unit freed. Returns whether memory fits (it may not: a move
-    can add usage elsewhere, and the moves are bounded)."""
+    can add usage elsewhere, and the moves are bounded in number and
+    time)."""
     red, limit = state.red, state.problem.usage_limit
     for _ in range(4 * len(nodes) + 16):
+        if time.perf_counter() > deadline:
+            break
         t = int(np.argmax(state.profile)) if len(state.profile) else 0
         if not len(state.profile) or state.profile[t] <= limit:
             return True
@@ -1403,7 +1407,10 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
         # stalled 15% to 50% above them after the whole minute, and CP-SAT
         # seldom improves on it. GLOP's time varies with the objective's
         # scale: D's LP took 11.5 s to 29 s for scales 10x apart.
-        state, lp_cost = _lp_start(state, free, deadline - (deadline - time.perf_counter()) / 4, deadline, rng)
+        # Only a tight one: its LP has at most `whole_model_limit` columns,
+        # a few seconds' work for GLOP (C: 91,291).
+        if whole == "tight":
+            state, lp_cost = _lp_start(state, free, deadline - (deadline - time.perf_counter()) / 4, deadline, rng)
         # CP-SAT's own portfolio (its LNS and local search, hinted with the
         # incumbent) beats our neighbourhoods here.
         improved, proven = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
