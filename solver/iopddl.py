@@ -809,7 +809,7 @@ def _lp_roundings(state: _State, nodes: list[int], deadline: float, rows_per_rou
 
 class _Relaxation:
     """The LP relaxation (GLOP) of re-choosing `nodes` with every other
-    node fixed, memory left out: the local polytope, a weight per
+    node fixed, memory rows added by `add_memory_row`: the local polytope, a weight per
     strategy and per allowed pair of an edge, each node's weights summing
     to 1 and each edge's pair weights to its two nodes' weights. It is
     exact on a tree and tight on these graphs: C's absorbed problem
@@ -972,11 +972,13 @@ def _round_along_edges(red: _Reduced, nodes: list[int], values: dict[int, np.nda
     return rounded
 
 
-def _memory_pieces(state: _State, nodes: list[int]):
-    """The pieces of `nodes`' load that vary with their strategies (see
-    `_memory_constraints`): owner, column, the segments each lives in
-    [first, stop), and each segment's room (the limit less the fixed
-    usage's peak in it). None when no piece varies."""
+def _memory_pieces(state: _State, nodes: list[int]) -> tuple | None:
+    """The pieces of `nodes`' load: a piece is one segment of one node's
+    load where its strategies differ (a constant one is as good as fixed:
+    it stays in the profile). Returns their owners, their columns in
+    `load`, the segments of time each is live in, [first, stop), and per
+    segment the limit less the fixed usage's peak there; None when no
+    piece varies."""
     red = state.red
     owner, column, starts, ends = [], [], [], []
     fixed = state.profile.copy()
@@ -999,6 +1001,8 @@ def _memory_pieces(state: _State, nodes: list[int]):
     bounds = np.unique(np.concatenate([starts, ends]))
     segments = len(bounds) - 1
     first, stop = np.searchsorted(bounds, starts), np.searchsorted(bounds, ends)
+    # The fixed usage's peak over each segment [bounds[k], bounds[k+1]); the
+    # sentinel lets the last segment end at the horizon.
     peak = np.maximum.reduceat(np.append(fixed, 0), bounds)[:segments]
     return owner, column, first, stop, state.problem.usage_limit - peak
 
@@ -1162,41 +1166,20 @@ def _memory_constraints(state: _State, model, x, nodes: list[int], encoding: str
     of millions of terms (10 s to write, 1 s as a sweep). `encoding`
     "sums" or "sweep" forces one of the two."""
     red = state.red
-    # A piece: one segment of one node's load where its strategies differ
-    # (a constant one is as good as fixed: it stays in the profile).
-    owner, column, starts, ends = [], [], [], []
-    fixed = state.profile.copy()
-    for v in nodes:
-        bounds, load = red.bounds[v], red.load[v]
-        if not len(bounds):
-            continue
-        differ = load.max(axis=0) > load.min(axis=0)
-        varies = np.nonzero(differ)[0]
-        if not len(varies):
-            continue
-        fixed[bounds[0]:bounds[-1]] -= np.repeat(np.where(differ, load[state.choice[v]], 0), np.diff(bounds))
-        owner += [v] * len(varies)
-        column += varies.tolist()
-        starts.append(bounds[varies])
-        ends.append(bounds[varies + 1])
-    if not owner:
+    pieces = _memory_pieces(state, nodes)
+    if pieces is None:
         return
-    starts, ends = np.concatenate(starts), np.concatenate(ends)
-    bounds = np.unique(np.concatenate([starts, ends]))
-    segments = len(bounds) - 1
-    first, stop = np.searchsorted(bounds, starts), np.searchsorted(bounds, ends)  # live in segments [first, stop)
+    owner, column, first, stop, capacity = pieces
+    segments = len(capacity)
     usages = [red.load[v][:, k] for v, k in zip(owner, column)]
     low = np.array([int(u.min()) for u in usages], dtype=np.int64)
     spread_v = np.array([int(u.max()) for u in usages], dtype=np.int64) - low
-    # The fixed usage's peak over each segment [bounds[k], bounds[k+1]); the
-    # sentinel lets the last segment end at the horizon.
-    peak = np.maximum.reduceat(np.append(fixed, 0), bounds)[:segments]
-    room = state.problem.usage_limit - peak - _segment_sums(first, stop, low, segments)
+    room = capacity - _segment_sums(first, stop, low, segments)
     spread = _segment_sums(first, stop, spread_v, segments)
     terms = [[(lit, int(u - low[i])) for u, lit in zip(usages[i], x[v]) if u > low[i]]
              for i, v in enumerate(owner)]
     per_piece = np.array([len(t) for t in terms], dtype=np.int64)
-    needed = (spread > room) & ~_implied_segments(owner, usages, low, first, stop, state.problem.usage_limit - peak)
+    needed = (spread > room) & ~_implied_segments(owner, usages, low, first, stop, capacity)
     explicit_terms = int(_segment_sums(first, stop, per_piece, segments)[needed].sum())
     if encoding == "sweep" or (encoding == "auto" and explicit_terms > _SWEEP_TERMS):
         _sweep_constraints(model, terms, first, stop, np.minimum(room, spread))
@@ -1402,13 +1385,12 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
     proven = not free  # nothing left to choose: presolve decided every node
     whole = _whole_model(red, free, options.whole_model_limit) if free else None
     if whole is not None:
-        # The LP's rounding first, given up to three quarters of the time:
-        # it took C, D and Q below the best known costs, where CP-SAT alone
-        # stalled 15% to 50% above them after the whole minute, and CP-SAT
-        # seldom improves on it. GLOP's time varies with the objective's
-        # scale: D's LP took 11.5 s to 29 s for scales 10x apart.
-        # Only a tight one: its LP has at most `whole_model_limit` columns,
-        # a few seconds' work for GLOP (C: 91,291).
+        # A tight model starts from its LP's rounding, given up to three
+        # quarters of the time (GLOP's time varies with the objective's
+        # scale: D's LP took 11.5 s to 29 s for scales 10x apart). It took
+        # C, D and Q below the best known costs, where CP-SAT alone
+        # stalled 15% to 50% above them, and CP-SAT seldom improves on it.
+        # The LP has at most `whole_model_limit` columns (C: 91,291).
         if whole == "tight":
             state, lp_cost = _lp_start(state, free, deadline - (deadline - time.perf_counter()) / 4, deadline, rng)
         # CP-SAT's own portfolio (its LNS and local search, hinted with the
