@@ -571,14 +571,6 @@ class _State:
         """Strategy indices of the original problem."""
         return self.red.original(self.choice)
 
-    def node_cost(self, v: int, s: int, choice: np.ndarray | None = None) -> int:
-        """v's unary cost at s plus its edges to the current neighbours' choices."""
-        choice = self.choice if choice is None else choice
-        total = int(self.red.cost[v][s])
-        for w, key in self.red.adjacent[v]:
-            total += int(self.red.matrix(v, key)[s, choice[w]])
-        return total
-
     def costs_of(self, v: int) -> np.ndarray:
         """v's cost at every strategy given the neighbours' choices (int64, capped)."""
         total = self.red.cost[v].astype(np.int64).copy()
@@ -918,9 +910,9 @@ def _repair_memory(state: _State, nodes: list[int], deadline: float = math.inf) 
     for _ in range(4 * len(nodes) + 16):
         if time.perf_counter() > deadline:
             break
-        t = int(np.argmax(state.profile)) if len(state.profile) else 0
-        if not len(state.profile) or state.profile[t] <= limit:
+        if state.profile.max(initial=0) <= limit:
             return True
+        t = int(np.argmax(state.profile))
         best = None
         for v in nodes:
             bounds = red.bounds[v]
