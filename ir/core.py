@@ -21,13 +21,18 @@ from typing import Any
 
 import numpy as np
 
-DTYPES: tuple[str, ...] = ("f32", "bf16", "f16", "i32", "bool")
-FLOAT_DTYPES: frozenset[str] = frozenset({"f32", "bf16", "f16"})
-DTYPE_BYTES: Mapping[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "bool": 1}
+# Integer types beyond i32 come from real programs: jax's PRNG works on u32
+# (u64 with x64), gathers index with i64, quantized models use i8 and u8.
+DTYPES: tuple[str, ...] = ("f32", "bf16", "f16", "f64", "i8", "i32", "i64", "u8", "u32", "u64", "bool")
+FLOAT_DTYPES: frozenset[str] = frozenset({"f32", "bf16", "f16", "f64"})
+INT_DTYPES: frozenset[str] = frozenset({"i8", "i32", "i64", "u8", "u32", "u64"})
+DTYPE_BYTES: Mapping[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "i8": 1, "i32": 4, "i64": 8, "u8": 1,
+                                  "u32": 4, "u64": 8, "bool": 1}
 # numpy has no bfloat16: the reference executor computes bf16 in float32. It
 # checks program semantics, not rounding behaviour.
 NUMPY_DTYPES: Mapping[str, Any] = {
-    "f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32, "bool": np.bool_,
+    "f32": np.float32, "bf16": np.float32, "f16": np.float16, "f64": np.float64, "i8": np.int8, "i32": np.int32,
+    "i64": np.int64, "u8": np.uint8, "u32": np.uint32, "u64": np.uint64, "bool": np.bool_,
 }
 
 # Value and function names: hierarchical parameter names such as

@@ -196,7 +196,7 @@ def random_inputs(fn: Function, seed: int = 0) -> dict[str, np.ndarray]:
         elif ty.dtype == "bool":
             out[p.name] = rng.random(ty.shape) < 0.5
         else:
-            out[p.name] = rng.integers(0, bounds.get(p, 10), ty.shape).astype(np.int32)
+            out[p.name] = rng.integers(0, bounds.get(p, 10), ty.shape).astype(numpy_dtype(ty.dtype))
     return out
 
 

@@ -24,110 +24,34 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import cases_bitwise
+import cases_indexing
+import cases_windows
 import numpy as np
 import pytest
+from op_cases import (
+    F32,
+    I32,
+    Case,
+    Gen,
+    assert_same,
+    default_gen,
+    f64,
+    ints,
+    nonzero_ints,
+    positive,
+    scaled,
+    t,
+)
 
 from ir import ops
 from ir.builder import Builder
 from ir.core import NUMPY_DTYPES, Function, Mesh, Op, TensorType, Value
 from ir.interpret import run, run_spmd, shard
 from ir.ops import REGISTRY, FactorKind, FactorRule, OpError
-
-F32 = np.float32
-I32 = np.int32
-
-# --------------------------------------------------------------------------
-# Inputs and comparison
-
-Gen = Callable[[np.random.Generator, TensorType], np.ndarray]
-
-
-def t(*shape: int, dtype: str = "f32") -> TensorType:
-    return TensorType(tuple(shape), dtype)
-
-
-def default_gen(rng: np.random.Generator, ty: TensorType) -> np.ndarray:
-    """Floats ~ N(0, 1), integers in [-10, 10), bools fair coin flips."""
-    if ty.dtype == "bool":
-        return rng.random(ty.shape) < 0.5
-    if ty.dtype == "i32":
-        return rng.integers(-10, 10, ty.shape).astype(I32)
-    return rng.standard_normal(ty.shape).astype(NUMPY_DTYPES[ty.dtype])
-
-
-def scaled(scale: float) -> Gen:
-    """Floats ~ N(0, scale**2): both signs, magnitudes well past 1."""
-    return lambda rng, ty: (scale * rng.standard_normal(ty.shape)).astype(F32)
-
-
-def positive(rng: np.random.Generator, ty: TensorType) -> np.ndarray:
-    """Floats in [0.1, 4): valid for log, sqrt, rsqrt."""
-    return rng.uniform(0.1, 4.0, ty.shape).astype(F32)
-
-
-def ints(lo: int, hi: int) -> Gen:
-    """Integers in [lo, hi): for gather indices, choose the table's range."""
-    return lambda rng, ty: rng.integers(lo, hi, ty.shape).astype(I32)
-
-
-def nonzero_ints(lo: int, hi: int) -> Gen:
-    """Integers in [lo, hi) except 0, both signs: integer divisors."""
-    def gen(rng: np.random.Generator, ty: TensorType) -> np.ndarray:
-        x = rng.integers(lo, hi, ty.shape)
-        return np.where(x == 0, 1, x).astype(I32)
-    return gen
-
-
-def assert_same(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Equal shape and dtype; floats to a tight tolerance, the rest exactly."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
-    if np.issubdtype(expected.dtype, np.floating):
-        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
-    else:
-        np.testing.assert_array_equal(actual, expected)
-
-
-# --------------------------------------------------------------------------
-# The case table
-
-
-@dataclass(frozen=True)
-class Case:
-    """One sample use of an op kind, with its numpy reference."""
-
-    kind: str
-    name: str
-    operands: tuple[TensorType, ...]
-    attrs: Mapping[str, Any]
-    ref: Callable[..., np.ndarray]
-    gens: tuple[Gen | None, ...] = field(default=())
-
-    @property
-    def id(self) -> str:
-        return f"{self.kind}-{self.name}"
-
-    def inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Seeded inputs, each from its operand's generator (default_gen if none)."""
-        rng = np.random.default_rng(seed)
-        gens = list(self.gens) + [None] * (len(self.operands) - len(self.gens))
-        return [(g or default_gen)(rng, ty) for g, ty in zip(gens, self.operands)]
-
-    def op(self) -> Op:
-        values = [Value(f"x{i}", ty) for i, ty in enumerate(self.operands)]
-        return ops.make_op(self.kind, values, dict(self.attrs), ["y"])
-
-    def expected(self, seed: int = 0) -> np.ndarray:
-        return np.asarray(self.ref(*self.inputs(seed)))
-
-
-def f64(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-    """Compute a float reference in float64, return float32."""
-    return lambda *xs: np.asarray(fn(*(x.astype(np.float64) for x in xs))).astype(F32)
 
 
 def einsum_ref(spec: str) -> Callable[..., np.ndarray]:
@@ -359,7 +283,7 @@ for _case in unary_cases() + binary_cases() + [
            f64(ref_conv_input_grad(s, p, x.shape[1:3]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
     *(Case("conv_kernel_grad", name, (x, y), {"stride": s, "padding": p, "kernel_spatial": list(w.shape[:2])},
            f64(ref_conv_kernel_grad(s, p, w.shape[:2]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
-]:
+] + cases_bitwise.CASES + cases_indexing.CASES + cases_windows.CASES:
     CASES.setdefault(_case.kind, []).append(_case)
 
 ALL_CASES = [c for cases in CASES.values() for c in cases]

@@ -140,12 +140,17 @@ def replace_line(old: str, new: str) -> str:
     return SMALL.replace(old, new)
 
 
-def test_unsupported_op_names_the_op_the_line_and_the_supported_ones():
-    text = replace_line("stablehlo.multiply %arg1, %arg0", "stablehlo.remainder %arg1, %arg0")
+def test_unsupported_ops_are_all_listed_with_count_and_first_line():
+    text = replace_line("stablehlo.multiply %arg1, %arg0", "stablehlo.frobnicate %arg1, %arg0")
+    text = text.replace("stablehlo.add", "stablehlo.twiddle")
     with pytest.raises(StableHLOError) as info:
         import_stablehlo(text, "small.mlir")
     message = str(info.value)
-    assert message.startswith("small.mlir:19: unsupported op stablehlo.remainder; supported: ")
+    uses = SMALL.count("stablehlo.add")
+    first_add = next(i for i, line in enumerate(SMALL.splitlines(), 1) if "stablehlo.add" in line)
+    assert message.startswith("small.mlir: 2 unsupported op kind(s):\n")
+    assert "  stablehlo.frobnicate: 1 use(s), first at line 19\n" in message
+    assert f"  stablehlo.twiddle: {uses} use(s), first at line {first_add}\n" in message
     assert all(op in message for op in SUPPORTED) and "stablehlo.dot_general" in message
 
 
@@ -155,7 +160,7 @@ def test_unsupported_op_names_the_op_the_line_and_the_supported_ones():
     ("%1 = stablehlo.slice %0", "%1 = stablehlo.slice %9", "small.mlir:5: %9 is not defined"),
     ("-> tensor<6x2xf32>", "-> tensor<6x3xf32>",
      "small.mlir:4: stablehlo.concatenate: the text declares tensor<6x3xf32>, the op gives tensor<6x2xf32>"),
-    ("%arg1: tensor<3x2xf32>)", "%arg1: tensor<3x2xf64>)", "small.mlir:2: unsupported element type f64"),
+    ("%arg1: tensor<3x2xf32>)", "%arg1: tensor<3x2xf8E4M3>)", "small.mlir:2: unsupported element type f8E4M3"),
     ("call @twice", "call @thrice", "small.mlir:8: call: no function @thrice in the module"),
 ])
 def test_errors_name_the_line(old, new, expected):

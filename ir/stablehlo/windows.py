@@ -1,0 +1,1 @@
+"""Handlers: (being written)."""

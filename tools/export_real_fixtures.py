@@ -1,0 +1,368 @@
+"""Export training and inference steps written with real JAX libraries as
+StableHLO fixtures (tests/fixtures/real/), so the importer is tested on what
+jax prints for code nobody on this project wrote.
+
+    tools/dev_env.sh                                  # once: .venv-dev with the pinned libraries
+    .venv-dev/bin/python tools/export_real_fixtures.py [--only NAME ...] [--out DIR]
+    .venv-dev/bin/python tools/export_real_fixtures.py --gemma-2b bench/data/gemma_2b_train.mlir
+
+Library versions are pinned in tools/dev_env.sh (and checked below); the
+exported text records them in `versions.json`. No weights are downloaded:
+every model is built from a tiny config with random init (seed 0).
+
+For each program NAME: `NAME.mlir` (`jax.jit(step).lower(*args).as_text()`),
+`NAME.npz` (the flat inputs `in.<i>` and jax's outputs `out.<i>`, computed on
+CPU) and `NAME.yaml`, a shardplan spec (argument names from the pytree paths,
+the roles of batch inputs and state, a 4 x 2 mesh and a batch-parallel
+schedule with its expected all_reduce count).
+
+Programs (all with optax.adamw, except the decode step):
+  gpt2_train          HF transformers FlaxGPT2LMHeadModel, integer-label cross-entropy
+  gpt2_dropout_train  the same with dropout on (a PRNG key argument)
+  llama_train         FlaxLlamaForCausalLM: RoPE, SwiGLU, grouped-query attention
+  gemma_train         FlaxGemmaForCausalLM: multi-query attention, tied embeddings
+  cnn_train           flax.linen CNN: convolutions, BatchNorm (batch_stats state), pooling
+  mlp_train_flax      flax.linen MLP classifier, optax integer-label loss
+  scan_train          flax.linen nn.scan over stacked transformer layers (a while loop)
+  gpt2_decode         one GPT-2 decoding step with its key/value cache (no gradient)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import flax  # noqa: E402
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import transformers  # noqa: E402
+
+PINNED = {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "transformers": "4.57.6"}
+VERSIONS = {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+            "transformers": transformers.__version__}
+
+BATCH, SEQ, VOCAB = 8, 16, 64
+OPTIMIZER = optax.adamw(1e-3, weight_decay=0.01)
+
+
+def path_name(path) -> str:
+    """`params.transformer.h.0.attn.c_attn.kernel` from a pytree key path."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+    return re.sub(r"[^\w.\-]", "_", ".".join(parts))
+
+
+def arg_names(args: dict) -> list[str]:
+    return [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+
+
+# ------------------------------------------------------------------ training steps
+
+
+def train_step(loss_fn, has_state: bool = False):
+    """A step over {params, opt, batch(, state)} returning loss, new params,
+    new optimizer state (and new model state)."""
+
+    def step(args):
+        if has_state:
+            (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(args["params"], args["state"],
+                                                                            args["batch"])
+        else:
+            loss, grads = jax.value_and_grad(loss_fn)(args["params"], args["batch"])
+        updates, opt = OPTIMIZER.update(grads, args["opt"], args["params"])
+        out = {"loss": loss, "params": optax.apply_updates(args["params"], updates), "opt": opt}
+        if has_state:
+            out["state"] = state
+        return out
+
+    return step
+
+
+def lm_loss(logits, tokens):
+    """Next-token cross-entropy with integer labels (the label shift slices)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
+
+
+def tokens(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
+
+
+def hf_lm(model_cls, config, dropout: bool = False):
+    model = model_cls(config, seed=0, dtype=jnp.float32)
+    params = model.params
+
+    def loss_fn(params, batch):
+        kwargs = {"dropout_rng": batch["dropout_key"], "train": True} if dropout else {}
+        logits = model(batch["input_ids"], params=params, **kwargs).logits
+        return lm_loss(logits, batch["input_ids"])
+
+    batch = {"input_ids": tokens()}
+    if dropout:
+        batch["dropout_key"] = jax.random.key_data(jax.random.key(7))
+    args = {"params": params, "opt": OPTIMIZER.init(params), "batch": batch}
+    return train_step(loss_fn), args
+
+
+def gpt2_config(**extra):
+    return transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4, **extra)
+
+
+def gpt2_train():
+    return hf_lm(transformers.FlaxGPT2LMHeadModel, gpt2_config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def gpt2_dropout_train():
+    return hf_lm(transformers.FlaxGPT2LMHeadModel, gpt2_config(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1),
+                 dropout=True)
+
+
+def llama_train():
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ)
+    return hf_lm(transformers.FlaxLlamaForCausalLM, config)
+
+
+def gemma_train():
+    config = transformers.GemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                      max_position_embeddings=SEQ)
+    return hf_lm(transformers.FlaxGemmaForCausalLM, config)
+
+
+class CNN(nn.Module):
+    """The flax examples' CNN with BatchNorm: conv-BN-relu-pool twice, then dense layers."""
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        for features in (8, 16):
+            x = nn.Conv(features, (3, 3))(x)
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+            x = nn.relu(x)
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(32)(x))
+        return nn.Dense(10)(x)
+
+
+def cnn_train():
+    model = CNN()
+    rng = np.random.default_rng(2)
+    images = rng.normal(size=(BATCH, 16, 16, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, BATCH).astype(np.int32)
+    variables = model.init(jax.random.key(0), images, train=False)
+
+    def loss_fn(params, state, batch):
+        logits, updates = model.apply({"params": params, **state}, batch["images"], train=True,
+                                      mutable=["batch_stats"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+        return loss, updates
+
+    params = variables["params"]
+    args = {"params": params, "opt": OPTIMIZER.init(params), "batch": {"images": images, "labels": labels},
+            "state": {"batch_stats": variables["batch_stats"]}}
+    return train_step(loss_fn, has_state=True), args
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(64)(x))
+        x = nn.relu(nn.Dense(64)(x))
+        return nn.Dense(10)(x)
+
+
+def mlp_train_flax():
+    model = MLP()
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(BATCH, 32)).astype(np.float32)
+    labels = rng.integers(0, 10, BATCH).astype(np.int32)
+    params = model.init(jax.random.key(0), x)["params"]
+
+    def loss_fn(params, batch):
+        logits = model.apply({"params": params}, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+    args = {"params": params, "opt": OPTIMIZER.init(params), "batch": {"x": x, "labels": labels}}
+    return train_step(loss_fn), args
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block (flax.linen attention and MLP), scan-compatible."""
+
+    @nn.compact
+    def __call__(self, x, _):
+        h = nn.LayerNorm()(x)
+        mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+        x = x + nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32)(h, h, mask=mask)
+        h = nn.LayerNorm()(x)
+        x = x + nn.Dense(32)(nn.gelu(nn.Dense(64)(h)))
+        return x, None
+
+
+class ScannedLM(nn.Module):
+    layers: int = 3
+
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(VOCAB, 32)
+        x = embed(ids)
+        stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.layers)
+        x, _ = stack(name="layers")(x, None)
+        return embed.attend(nn.LayerNorm()(x))
+
+
+def scan_train():
+    model = ScannedLM()
+    ids = tokens(4)
+    params = model.init(jax.random.key(0), ids)["params"]
+
+    def loss_fn(params, batch):
+        return lm_loss(model.apply({"params": params}, batch["input_ids"]), batch["input_ids"])
+
+    args = {"params": params, "opt": OPTIMIZER.init(params), "batch": {"input_ids": ids}}
+    return train_step(loss_fn), args
+
+
+def gpt2_decode():
+    """One token of greedy decoding with HF's key/value cache: the cache is
+    state, updated in place with dynamic_update_slice at the position."""
+    model = transformers.FlaxGPT2LMHeadModel(gpt2_config(), seed=0, dtype=jnp.float32)
+    prompt = tokens(5)[:, :4]
+    cache = model.init_cache(BATCH, SEQ)
+    mask = jnp.ones((BATCH, SEQ), jnp.int32)  # HF masks the cache beyond its index itself
+    out = model(prompt, attention_mask=mask, past_key_values=cache,
+                position_ids=jnp.broadcast_to(jnp.arange(4), (BATCH, 4)))
+    cache = jax.tree.map(np.asarray, out.past_key_values)
+
+    def step(args):
+        ids = args["batch"]["input_ids"]
+        position = args["batch"]["position"]
+        out = model(ids, attention_mask=mask, params=args["params"], past_key_values=args["state"]["cache"],
+                    position_ids=jnp.broadcast_to(position, ids.shape))
+        return {"next_token": jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32),
+                "state": {"cache": out.past_key_values}}
+
+    next_ids = np.asarray(jnp.argmax(out.logits[:, -1], axis=-1)).astype(np.int32)[:, None]
+    args = {"params": model.params, "batch": {"input_ids": next_ids, "position": np.int32(4)},
+            "state": {"cache": cache}}
+    return step, args
+
+
+PROGRAMS = {f.__name__: f for f in (gpt2_train, gpt2_dropout_train, llama_train, gemma_train, cnn_train,
+                                    mlp_train_flax, scan_train, gpt2_decode)}
+
+# Spec fields per program: which batch input the BP schedule shards, and the
+# expected all_reduce count in terms of P (trainable parameter tensors).
+BP_INPUT = {"cnn_train": "batch.images", "mlp_train_flax": "batch.x"}
+
+SPEC = """\
+# Generated by tools/export_real_fixtures.py from {library} ({versions}).
+description: {description}
+model:
+  stablehlo: {name}.mlir
+  param_names: [{names}]
+  inputs: ["batch.*"]
+  state: [{state}]
+devices: 8
+mesh: {{batch: 4, model: 2}}
+hardware: A100-80GB
+schedules:
+  BP:
+    tactics:
+      - manual: {{axis: batch, values: {{{bp_input}: 0}}}}
+"""
+
+DESCRIPTIONS = {
+    "gpt2_train": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 (2 layers, d 32, 4 heads) Adam-W training step"),
+    "gpt2_dropout_train": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 training step with dropout"),
+    "llama_train": ("HF transformers FlaxLlamaForCausalLM", "Llama (RoPE, SwiGLU, 4 heads / 2 KV heads) training step"),
+    "gemma_train": ("HF transformers FlaxGemmaForCausalLM", "Gemma (multi-query attention, tied embeddings) training "
+                    "step"),
+    "cnn_train": ("flax.linen", "CNN with BatchNorm and pooling, training step"),
+    "mlp_train_flax": ("flax.linen", "MLP classifier with the integer-label loss, training step"),
+    "scan_train": ("flax.linen nn.scan", "3-layer transformer scanned over stacked layers, training step"),
+    "gpt2_decode": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 decoding step with a key/value cache"),
+}
+
+
+def write_spec(name: str, out: pathlib.Path, names: list[str]) -> None:
+    library, description = DESCRIPTIONS[name]
+    state = ", ".join(f'"{p}"' for p in ("opt.*", "state.*"))
+    text = SPEC.format(library=library, versions=", ".join(f"{k} {v}" for k, v in VERSIONS.items()),
+                       description=description + " (exported from jax as StableHLO, 4-way batch x 2-way model)",
+                       name=name, names=", ".join(names), state=state,
+                       bp_input=BP_INPUT.get(name, "batch.input_ids"))
+    (out / f"{name}.yaml").write_text(text)
+
+
+def export(name: str, out: pathlib.Path) -> None:
+    step, args = PROGRAMS[name]()
+    args = jax.tree.map(np.asarray, args)
+    jitted = jax.jit(step)
+    text = jitted.lower(args).as_text()
+    (out / f"{name}.mlir").write_text(text)
+    flat_in = jax.tree.leaves(args)
+    flat_out = jax.tree.leaves(jitted(args))
+    arrays = {f"in.{i}": np.asarray(a) for i, a in enumerate(flat_in)}
+    arrays |= {f"out.{i}": np.asarray(a) for i, a in enumerate(flat_out)}
+    np.savez_compressed(out / f"{name}.npz", **arrays)
+    write_spec(name, out, arg_names(args))
+    print(f"{out / name}.mlir: {len(text.splitlines())} lines, {len(flat_in)} arguments, {len(flat_out)} results")
+
+
+def export_gemma_2b(path: pathlib.Path) -> None:
+    """The text of a Gemma-2B-shaped training step (18 layers, d 2048, 8 heads
+    of 256, MQA, SwiGLU 16384, vocab 256,000, batch 8 x seq 2048), traced
+    with abstract shapes (no parameters are allocated), for bench/import.py."""
+    config = transformers.GemmaConfig(vocab_size=256000, hidden_size=2048, intermediate_size=16384,
+                                      num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
+                                      head_dim=256, max_position_embeddings=2048)
+    model = transformers.FlaxGemmaForCausalLM(config, _do_init=False, dtype=jnp.bfloat16)
+    params = jax.eval_shape(lambda: model.init_weights(jax.random.key(0), (1, 8)))
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16), params)
+
+    def loss_fn(params, batch):
+        return lm_loss(model(batch["input_ids"], params=params).logits, batch["input_ids"])
+
+    args = {"params": params, "opt": jax.eval_shape(OPTIMIZER.init, params),
+            "batch": {"input_ids": jax.ShapeDtypeStruct((8, 2048), jnp.int32)}}
+    text = jax.jit(train_step(loss_fn)).lower(args).as_text()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"{path}: {len(text.splitlines())} lines")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=pathlib.Path,
+                        default=pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real")
+    parser.add_argument("--only", nargs="*", choices=sorted(PROGRAMS), help="programs to export (default: all)")
+    parser.add_argument("--gemma-2b", type=pathlib.Path, metavar="PATH",
+                        help="write a Gemma-2B-shaped training step's text to PATH instead")
+    args = parser.parse_args()
+    if VERSIONS != PINNED:
+        print(f"warning: library versions {VERSIONS} differ from the pinned {PINNED} (tools/dev_env.sh)")
+    if args.gemma_2b:
+        export_gemma_2b(args.gemma_2b)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.only or PROGRAMS:
+        export(name, args.out)
+    (args.out / "versions.json").write_text(json.dumps(VERSIONS, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
