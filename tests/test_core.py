@@ -20,7 +20,7 @@ def test_tensor_type_prints_mlir_style():
 
 
 @pytest.mark.parametrize("shape,dtype,fragment", [
-    ((3,), "f64", "unknown dtype 'f64'"),
+    ((3,), "f8", "unknown dtype 'f8'"),
     ((3, -1), "f32", "invalid shape"),
     ((3.5,), "f32", "invalid shape"),
 ])

@@ -581,7 +581,7 @@ def test_unknown_op_lists_known_ops():
     ("reduce", [t(3, 5)], {"dims": "0"}, "attribute 'dims'"),
     ("reduce", [t(3, 5)], {"dims": [0], "combiner": "mean"}, "attribute 'combiner'"),
     ("slice", [t(3, 5)], {"start": [0, 0], "limit": [3, 5.0]}, "attribute 'limit'"),
-    ("full", [], {"shape": [2], "dtype": "f64", "value": 1}, "attribute 'dtype'"),
+    ("full", [], {"shape": [2], "dtype": "f8", "value": 1}, "attribute 'dtype'"),
     ("add", [t(3, 5), t(5, 3)], {}, "shapes differ"),
     ("add", [t(3, 5), t(3, 5, dtype="i32")], {}, "dtypes differ"),
     ("dot_general", [t(3, 5), t(7, 5)], {"contract": [[1], [0]]}, "sizes differ"),
