@@ -384,4 +384,14 @@ def local_shape_attrs(attrs: Attrs, local_operands: Types, local_results: Types)
 
 # Register every op kind. The family modules import the helpers above, so
 # this import must stay at the bottom.
-from ir.opset import collectives, contraction, convolution, elementwise, layout, reduction  # noqa: E402,F401
+from ir.opset import (  # noqa: E402,F401
+    bitwise,
+    collectives,
+    contraction,
+    convolution,
+    elementwise,
+    indexing,
+    layout,
+    reduction,
+    windows,
+)
