@@ -165,14 +165,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     from solver.export import export_json, export_python
     from solver.planner import plan_report
 
-    report = plan_report(_planned(args), args.solver)
+    planned = _planned(args)
+    report = plan_report(planned, args.solver)
     cost = report["cost"]
     if not cost["fits"]:  # still a plan, but the user should know before handing it to jax.jit
         print(f"shardplan: warning: the plan does not fit in memory: peak {cost['peak_memory_bytes'] / 2**30:.3g} "
               f"GiB per device, capacity {cost['capacity_bytes'] / 2**30:.3g} GiB (see shardplan plan)",
               file=sys.stderr)
-    _emit(json.dumps(export_json(report), indent=2) + "\n" if args.format == "json" else export_python(report),
-          args.output)
+    if args.format == "mlir":
+        from solver.annotate import annotate_planned
+
+        try:
+            text = annotate_planned(planned)
+        except ValueError as exc:
+            raise IRError(str(exc)) from exc
+    else:
+        text = json.dumps(export_json(report), indent=2) + "\n" if args.format == "json" else export_python(report)
+    _emit(text, args.output)
     return 0
 
 
@@ -375,9 +384,11 @@ def _export_parser(sub) -> None:
     p = sub.add_parser("export", help=summary, description=summary[0].upper() + summary[1:] + ". The plan is "
                        "the one `shardplan plan` makes with the same options.")
     _plan_arguments(p)
-    p.add_argument("--format", choices=("python", "json"), default="python",
+    p.add_argument("--format", choices=("python", "json", "mlir"), default="python",
                    help="python (default): a snippet defining mesh, in_shardings and out_shardings to paste "
-                   "before jax.jit(f, in_shardings=..., out_shardings=...); json: the same as data (README)")
+                   "before jax.jit(f, in_shardings=..., out_shardings=...); json: the same as data (README); "
+                   "mlir: for an imported spec (model.stablehlo), its module with the whole plan as Shardy "
+                   "annotations (every value of @main constrained), which XLA compiles as planned")
     p.add_argument("-o", "--output", metavar="FILE", help="write the snippet (or JSON) to FILE")
     # Lowering options change collectives, not the shardings of arguments and results.
     p.set_defaults(func=cmd_export, reuse_resharded=False)

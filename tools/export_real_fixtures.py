@@ -25,6 +25,9 @@ Programs (all with optax.adamw, except the decode step):
   mlp_train_flax      flax.linen MLP classifier, optax integer-label loss
   scan_train          flax.linen nn.scan over stacked transformer layers (a while loop)
   gpt2_decode         one GPT-2 decoding step with its key/value cache (no gradient)
+
+and, under tests/fixtures/stablehlo/, small programs of one construct each
+(scan, fori_loop, a dynamic trip count, a checkpointed gradient).
 """
 
 from __future__ import annotations
@@ -345,6 +348,47 @@ def export_gemma_2b(path: pathlib.Path) -> None:
     print(f"{path}: {len(text.splitlines())} lines")
 
 
+# Small programs, one construct each, for the importer's own tests
+# (tests/fixtures/stablehlo/NAME.mlir; their inputs are made by the tests).
+
+
+def construct_scan(ws, x):
+    """lax.scan over stacked weights: a while loop reading a slice per trip."""
+    def body(h, w):
+        return jnp.tanh(h @ w), h.sum()
+    return jax.lax.scan(body, x, ws)
+
+
+def construct_fori_loop(x):
+    """A fori_loop with a static trip count whose counter enters the math."""
+    return jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0 + i, x)
+
+
+def construct_dynamic_trip_count(x, n):
+    """A loop whose trip count is an argument: it cannot be unrolled."""
+    return jax.lax.fori_loop(0, n, lambda i, c: c * 2.0, x)
+
+
+def construct_checkpoint_grad(x):
+    """The gradient of a jax.checkpoint'ed function: an optimization_barrier."""
+    return jax.grad(lambda x: jax.checkpoint(lambda x: jnp.sin(x) * 2)(x).sum())(x)
+
+
+CONSTRUCTS = {
+    "scan": (construct_scan, (jnp.ones((3, 4, 4)), jnp.ones((2, 4)))),
+    "fori_loop": (construct_fori_loop, (jnp.ones((2,)),)),
+    "dynamic_trip_count": (construct_dynamic_trip_count, (jnp.ones((2,)), 3)),
+    "checkpoint_grad": (construct_checkpoint_grad, (jnp.ones((2,)),)),
+}
+
+
+def export_constructs(out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (fn, args) in CONSTRUCTS.items():
+        (out / f"{name}.mlir").write_text(jax.jit(fn).lower(*args).as_text())
+        print(f"{out / name}.mlir")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path,
@@ -361,6 +405,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or PROGRAMS:
         export(name, args.out)
+    if not args.only:
+        export_constructs(args.out.parent / "stablehlo")
     (args.out / "versions.json").write_text(json.dumps(VERSIONS, indent=2) + "\n")
 
 

@@ -25,21 +25,40 @@ first line.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ir.core import Function
 from ir.stablehlo import basic, bitwise, control, indexing, windows  # noqa: F401  (register handlers)
 from ir.stablehlo.importer import HANDLERS, Importer, check_supported, parse_type
 from ir.stablehlo.reader import VALUE, Func, Reader, StableHLOError
 
-__all__ = ["SUPPORTED", "StableHLOError", "import_stablehlo", "load_stablehlo"]
+__all__ = ["SUPPORTED", "ImportedModule", "StableHLOError", "import_module", "import_stablehlo", "load_stablehlo"]
 
 SUPPORTED: tuple[str, ...] = tuple(sorted(HANDLERS))
+
+
+@dataclass(frozen=True)
+class ImportedModule:
+    """An imported program and what ties it back to its text: `origins`
+    maps a value's name to the SSA name in @main's body it is the value of
+    (an annotated export pins those), `constraints` the sharding each
+    sharding annotation of @main's body states, by SSA name."""
+
+    function: Function
+    origins: Mapping[str, str]
+    constraints: Mapping[str, str]
 
 
 def import_stablehlo(text: str, filename: str = "<stablehlo>", param_names: Sequence[str] | None = None,
                      name: str = "main") -> Function:
     """The Function of the module's public @main (or its only function)."""
+    return import_module(text, filename, param_names, name).function
+
+
+def import_module(text: str, filename: str = "<stablehlo>", param_names: Sequence[str] | None = None,
+                  name: str = "main") -> ImportedModule:
+    """`import_stablehlo` with the ties back to the text."""
     reader = Reader(text, filename)
     funcs = reader.functions()
     main = funcs.get("main") or (next(iter(funcs.values())) if len(funcs) == 1 else None)
@@ -56,8 +75,11 @@ def import_stablehlo(text: str, filename: str = "<stablehlo>", param_names: Sequ
     for n, (_, type_text, _) in zip(names, main.args):
         ty = parse_type(type_text, lambda msg: reader.error(main.line, msg))
         params.append(importer.b.param(n, ty.shape, ty.dtype))
-    results = importer.function(main, params, _result_names(main, set(names)))
-    return _without_dead_ops(importer.b.build(results))
+    results = importer.function(main, params, _result_names(main, set(names)), top=True)
+    fn = _without_dead_ops(importer.b.build(results))
+    defined = {v.name for op in fn.ops for v in op.results}
+    origins = {v: ssa for v, ssa in importer.origins.items() if v in defined}
+    return ImportedModule(fn, origins, dict(importer.constraints))
 
 
 def _without_dead_ops(fn: Function) -> Function:
@@ -91,13 +113,29 @@ def _result_names(main: Func, taken: set[str]) -> dict[str, str]:
     ret = next((s for s in main.body if s.op in ("return", "func.return")), None)
     if ret is None:
         return {}
-    returned = re.findall(VALUE, ret.rest.split(" : ")[0])
+    returned = [_annotated(main, ssa) for ssa in re.findall(VALUE, ret.rest.split(" : ")[0])]
     out: dict[str, str] = {}
     for ssa, (_, attrs) in zip(returned, main.results):
         name = _sanitize(_info(attrs, "jax.result_info") or "")
         if name and returned.count(ssa) == 1 and name not in taken and name not in out.values():
             out[ssa] = name
     return out
+
+
+def _annotated(main: Func, ssa: str) -> str:
+    """The SSA name a sharding annotation chain of @main's body starts from:
+    a returned value that is only annotated takes its name from the value
+    annotated (`%sp.3` in `%3 = sdy.sharding_constraint %sp.3`)."""
+    defs = {s.results[0]: s for s in main.body if len(s.results) == 1}
+    seen = set()
+    while ssa in defs and ssa not in seen and (defs[ssa].op == "sdy.sharding_constraint"
+                                               or defs[ssa].rest.startswith("@Sharding(")):
+        seen.add(ssa)
+        operands = re.findall(VALUE, defs[ssa].rest)
+        if not operands:
+            break
+        ssa = operands[0]
+    return ssa
 
 
 def load_stablehlo(path: str, param_names: Sequence[str] | None = None) -> Function:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ir.core import FLOAT_DTYPES, TensorType, Value
 from ir.interpret import numpy_dtype
-from ir.stablehlo.importer import Importer, Scope, handles
+from ir.stablehlo.importer import KNOWN_LIMIT, Importer, Scope, handles
 from ir.stablehlo.reader import VALUE, Stmt
 
 UNARY = {"negate": "neg", "exponential": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
@@ -39,29 +39,25 @@ for _name, _kind in {**UNARY, **BINARY}.items():
 
 
 def parse_literal(text: str, ty: TensorType) -> np.ndarray:
-    """The elements of a `dense<...>` body as an array of `ty`: a splat
-    scalar, a nested list, or a hex string of the raw little-endian bytes
-    (how jax prints larger constants)."""
+    """The elements of a `dense<...>` body of type `ty`, flat: one element
+    for a splat, else all of them. Three spellings: a scalar, a nested list,
+    or a hex string of the raw little-endian bytes (how jax prints larger
+    constants)."""
     text = text.strip()
     dtype = numpy_dtype(ty.dtype)
     if text.startswith('"0x'):
         raw = bytes.fromhex(text.strip('"')[2:])
         if ty.dtype == "bf16":
-            bits = np.frombuffer(raw, "<u2").astype(np.uint32) << 16
-            values = bits.view(np.float32)
+            values = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
         else:
             values = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<"))
-        if values.size == 1:
-            return np.full(ty.shape, values[0], dtype)
-        if values.size != ty.num_elements:
-            raise ValueError(f"{values.size} elements in the hex literal for {ty}")
-        return values.reshape(ty.shape).astype(dtype)
-    if text.startswith("["):
-        values = [_scalar(v, ty.dtype) for v in re.findall(r"[^\[\],\s]+", text)]
-        if len(values) != ty.num_elements:
-            raise ValueError(f"{len(values)} elements given for {ty}")
-        return np.array(values, dtype).reshape(ty.shape)
-    return np.full(ty.shape, _scalar(text, ty.dtype), dtype)
+    elif text.startswith("["):
+        values = np.array([_scalar(v, ty.dtype) for v in re.findall(r"[^\[\],\s]+", text)], dtype)
+    else:
+        values = np.array([_scalar(text, ty.dtype)], dtype)
+    if values.size not in (1, ty.num_elements):
+        raise ValueError(f"{values.size} elements given for {ty}")
+    return values.astype(dtype)
 
 
 def _scalar(text: str, dtype: str) -> float | int | bool:
@@ -87,16 +83,17 @@ def constant(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     if m is None:
         raise imp.error(stmt, "stablehlo.constant: expected dense<...>")
     try:
-        values = parse_literal(m.group(1), want)
+        flat = parse_literal(m.group(1), want)
     except (ValueError, OverflowError) as err:
         raise imp.error(stmt, f"stablehlo.constant: cannot read {m.group(1)[:60]!r} as {want}: {err}") from None
-    flat = values.ravel()
-    if flat.size and (flat == flat[0]).all() or (flat.size and np.isnan(flat.astype(float)).all()):
+    splat = flat.size == 1 or bool((flat == flat[0]).all()) or bool(np.isnan(flat.astype(float)).all())
+    if splat:
         value = imp.checked(stmt, scope, "full", [], shape=list(want.shape), dtype=want.dtype, value=flat[0].item())
     else:
         value = imp.checked(stmt, scope, "constant", [], shape=list(want.shape), dtype=want.dtype,
                             value=[v.item() for v in flat])
-    imp.known[id(value)] = values
+    if want.num_elements <= KNOWN_LIMIT:
+        imp.known[id(value)] = np.broadcast_to(flat, want.num_elements).reshape(want.shape).copy()
     return [value]
 
 

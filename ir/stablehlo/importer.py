@@ -72,6 +72,7 @@ class Scope:
 
     values: dict[str, Value]
     names: dict[str, str] = field(default_factory=dict)
+    top: bool = False  # @main's own body, whose SSA names a plan can be written back to
 
     def get(self, name: str, importer: Importer, stmt: Stmt) -> Value:
         if name not in self.values:
@@ -87,16 +88,20 @@ class Importer:
         self.known: dict[int, np.ndarray] = {}  # id(Value) -> its value, when computed from constants
         self.depth = 0  # of inlined calls, to refuse recursion
         # Sharding constraints the program states (custom_call @Sharding,
-        # sdy.sharding_constraint): value name -> its sharding text.
+        # sdy.sharding_constraint): SSA name -> its sharding text.
         self.constraints: dict[str, str] = {}
+        # Value name -> the SSA name in @main's body that it is the value of
+        # (what an annotated export pins); inlined and unrolled bodies have none.
+        self.origins: dict[str, str] = {}
 
     def error(self, stmt: Stmt, message: str) -> StableHLOError:
         return self.reader.error(stmt.line, message)
 
     # -------------------------------------------------------------- driving
 
-    def function(self, func: Func, args: Sequence[Value], names: dict[str, str] | None = None) -> list[Value]:
-        scope = Scope({name: v for (name, _, _), v in zip(func.args, args)}, names or {})
+    def function(self, func: Func, args: Sequence[Value], names: dict[str, str] | None = None,
+                 top: bool = False) -> list[Value]:
+        scope = Scope({name: v for (name, _, _), v in zip(func.args, args)}, names or {}, top)
         out = self.block(func.body, scope)
         if out is None:
             raise self.reader.error(func.line, f"@{func.name} has no return")
@@ -111,6 +116,9 @@ class Importer:
             if len(values) != len(stmt.results):
                 raise self.error(stmt, f"{stmt.op} gives {len(values)} results, the text names {len(stmt.results)}")
             scope.values.update(zip(stmt.results, values))
+            if scope.top:
+                for ssa, value in zip(stmt.results, values):
+                    self.origins.setdefault(value.name, ssa)
         return None
 
     def emit(self, stmt: Stmt, scope: Scope) -> list[Value]:

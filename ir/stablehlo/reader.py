@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ir.core import IRError
 
 VALUE = r"%[\w.$-]+(?:#\d+)?"
+MAX_RESULTS = 100_000  # results of one op; more is a malformed count, not a program
 
 
 class StableHLOError(IRError):
@@ -231,7 +232,7 @@ class Reader:
         names = []
         for part in split_top(text):
             base, _, count = part.partition(":")
-            if count and not count.isdigit():
+            if count and not (count.isdigit() and 0 < int(count) <= MAX_RESULTS):
                 raise self.error(line, f"cannot read the result count in {part!r}")
             names += [f"{base}#{k}" for k in range(int(count))] if count else [base]
         return names

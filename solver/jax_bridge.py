@@ -1,0 +1,187 @@
+"""The JAX user's entry point: plan a jax function, and run it under XLA
+with exactly the shardings shardplan chose. The one module that imports
+jax (an optional extra: `pip install shardplan[jax]`).
+
+    mesh = jax.make_mesh((4, 2), ("batch", "model"))
+    plan = plan_jax(train_step, (params, opt_state, batch), mesh=mesh, hardware="H100-SXM",
+                    inputs=["2.*"], state=["1.*"])
+    print(plan.summary())
+    new_params, new_opt_state, loss = plan.function(params, opt_state, batch)
+
+`plan_jax` lowers the function (`jax.jit(f).lower(*args).as_text()`),
+writes that text and a spec beside it into `workdir` (a temporary folder by
+default), so the same plan can be re-run from the command line (`shardplan
+plan WORKDIR/step.yaml`), plans it, writes the plan back into the module as
+Shardy annotations (`solver.annotate`) and compiles that module. Argument
+names are the pytree paths of `args` (`0.layers.3.wq`, `2.tokens`).
+
+`compile_annotated` compiles any annotated module for a mesh: the tools
+that compare XLA's collectives with the plan use it on the fixtures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src.lib.mlir import ir as mlir_ir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from solver.annotate import annotate_planned
+from solver.planner import Planned, plan_spec
+from solver.spec import load_spec
+
+# HLO collective op names -> ours.
+XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
+             "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
+HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+             "s64": 8, "u64": 8, "f64": 8}
+
+
+def auto_mesh(shape: Sequence[int], axes: Sequence[str]) -> jax.sharding.Mesh:
+    """A mesh whose axes XLA may shard along freely (`AxisType.Auto`), which
+    sharding annotations need (jax's default axes are Explicit)."""
+    return jax.make_mesh(tuple(shape), tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def partition_spec(dims: Sequence[Sequence[str]]) -> P:
+    return P(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in dims])
+
+
+def compile_annotated(text: str, mesh: jax.sharding.Mesh, args: Any, out_shapes: Any,
+                      in_dims: Sequence[Sequence[Sequence[str]]],
+                      out_dims: Sequence[Sequence[Sequence[str]]]) -> jax.stages.Compiled:
+    """Compile an annotated module (`solver.annotate`) whose @main takes the
+    leaves of `args` and returns the leaves of `out_shapes` (pytrees of
+    arrays or ShapeDtypeStructs), sharded per dimension as `in_dims` and
+    `out_dims` say. The result is called like a jitted function of `args`.
+
+    jax has no public way to compile a module text, so a stand-in function
+    with the same signature and shardings is lowered, and its module is
+    replaced by ours before compilation (its calling convention, shardings
+    and pytrees stay jax's own)."""
+    in_leaves, in_tree = jax.tree.flatten(tuple(args))
+    out_leaves, out_tree = jax.tree.flatten(out_shapes)
+    in_shardings = in_tree.unflatten([NamedSharding(mesh, partition_spec(d)) for d in in_dims])
+    out_shardings = out_tree.unflatten([NamedSharding(mesh, partition_spec(d)) for d in out_dims])
+
+    def stand_in(*_: Any) -> Any:
+        return out_tree.unflatten([jnp.zeros(s.shape, s.dtype) for s in out_leaves])
+
+    shapes = in_tree.unflatten([jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in in_leaves])
+    lowered = jax.jit(stand_in, in_shardings=in_shardings, out_shardings=out_shardings,
+                      keep_unused=True).lower(*shapes)
+    with lowered._lowering._hlo.context:  # noqa: SLF001 - see the docstring
+        lowered._lowering._hlo = mlir_ir.Module.parse(text)  # noqa: SLF001
+    return lowered.compile()
+
+
+def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
+    """Per collective kind in compiled HLO text: the ops, the tensors they
+    move (XLA combines several all-reduces into one op of a tuple, so
+    tensors is the figure to compare with shardplan's op count) and the
+    bytes of those operands on one device (each operand's shape is read
+    from the instruction that defines it)."""
+    shapes = {m.group(1): _hlo_bytes(m.group(2), m.group(3))
+              for m in re.finditer(r"%([\w.\-]+) = ([a-z]+\d*)\[([\d,]*)\]", hlo)}
+    out: dict[str, dict[str, int]] = {}
+    for xla_name, name in XLA_KINDS.items():
+        for m in re.finditer(rf"\s{xla_name}(?:-start)?\(([^)]*)\)", hlo):
+            operands = re.findall(r"%([\w.\-]+)", m.group(1))
+            entry = out.setdefault(name, {"ops": 0, "tensors": 0, "bytes": 0})
+            entry["ops"] += 1
+            entry["tensors"] += len(operands)
+            entry["bytes"] += sum(shapes.get(o, 0) for o in operands)
+    return out
+
+
+def _hlo_bytes(dtype: str, dims: str) -> int:
+    count = 1
+    for d in filter(None, dims.split(",")):
+        count *= int(d)
+    return count * HLO_BYTES.get(dtype, 4)
+
+
+@dataclasses.dataclass
+class JaxPlan:
+    """What `plan_jax` returns: the plan, its annotated module, and the
+    shardings and compiled function to run it with."""
+
+    planned: Planned
+    annotated: str  # the StableHLO module with the plan as Shardy annotations
+    mesh: jax.sharding.Mesh
+    in_shardings: Any  # pytree like the arguments, of NamedSharding
+    out_shardings: Any  # pytree like the results
+    function: Callable[..., Any]  # the compiled annotated module, called like the jitted function
+    workdir: pathlib.Path
+
+    def summary(self) -> str:
+        from solver.planner import collective_counts, format_cost, plan_report
+
+        report = plan_report(self.planned, "")
+        counts = ", ".join(f"{k} {v}" for k, v in collective_counts(self.planned.lowered).items() if v)
+        return "\n".join([f"plan of {self.workdir / 'step.mlir'}: collectives {counts or 'none'}",
+                          *format_cost(report["cost"])])
+
+
+def _path_name(path: Any) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+    return re.sub(r"[^\w.\-]", "_", ".".join(parts)) or "arg"
+
+
+def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.Mesh, hardware: str = "H100-SXM",
+             solver: str = "cpsat", inputs: Sequence[str] = (), state: Sequence[str] = (),
+             time_limit_s: float = 60.0, workdir: str | pathlib.Path | None = None) -> JaxPlan:
+    """Plan `fn(*args)` on `mesh` and compile it with the plan (see the
+    module docstring). `inputs` and `state` are globs over the argument
+    names that mark batch inputs and optimizer or model state; the rest are
+    trainable parameters. `solver`: cpsat, mcts, or none (the spec's own
+    schedule: batch parallelism over the first axis on the inputs)."""
+    args = tuple(args)
+    leaves = jax.tree_util.tree_flatten_with_path(args)[0]
+    names = [_path_name(path) for path, _ in leaves]
+    text = jax.jit(fn, keep_unused=True).lower(*args).as_text()
+    folder = pathlib.Path(workdir) if workdir is not None else pathlib.Path(tempfile.mkdtemp(prefix="shardplan-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "step.mlir").write_text(text)
+    (folder / "step.yaml").write_text(_spec_text(names, mesh, hardware, inputs, state, time_limit_s))
+    spec = load_spec(folder / "step.yaml")
+    planned = plan_spec(spec, solver=solver)
+    annotated = annotate_planned(planned)
+    (folder / "step.annotated.mlir").write_text(annotated)
+    out_shapes = jax.eval_shape(fn, *args)
+    compiled = compile_annotated(annotated, mesh, args, out_shapes, planned.lowered.param_dims,
+                                 planned.lowered.result_dims)
+    in_tree, out_tree = jax.tree.structure(args), jax.tree.structure(out_shapes)
+    in_shardings = in_tree.unflatten([NamedSharding(mesh, partition_spec(d)) for d in planned.lowered.param_dims])
+    out_shardings = out_tree.unflatten([NamedSharding(mesh, partition_spec(d))
+                                        for d in planned.lowered.result_dims])
+    return JaxPlan(planned, annotated, mesh, in_shardings, out_shardings, compiled, folder)
+
+
+def _spec_text(names: list[str], mesh: jax.sharding.Mesh, hardware: str, inputs: Sequence[str],
+               state: Sequence[str], time_limit_s: float) -> str:
+    def strings(items: Sequence[str]) -> str:
+        return "[" + ", ".join(f'"{s}"' for s in items) + "]"
+
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    first = mesh.axis_names[0]
+    schedule = (f"  - manual: {{axis: {first}, values: {{\"{inputs[0]}\": 0}}}}\n" if inputs else
+                f"  - auto: {{axes: [{', '.join(axes)}], time_limit_s: {time_limit_s}}}\n")
+    return (f"# Written by shardplan's plan_jax.\ndescription: a jax function planned by plan_jax\n"
+            f"model:\n  stablehlo: step.mlir\n  param_names: {strings(names)}\n"
+            f"  inputs: {strings(inputs)}\n  state: {strings(state)}\n"
+            f"mesh: {{{', '.join(f'{k}: {v}' for k, v in axes.items())}}}\nhardware: {hardware}\n"
+            f"schedule:\n{schedule}")

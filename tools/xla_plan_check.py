@@ -1,0 +1,131 @@
+"""Does XLA run the plan shardplan chose? For each fixture and plan, compile
+the annotated module (the plan written back as Shardy annotations,
+`solver.annotate`) on 8 XLA CPU devices, run it on the fixture's inputs,
+and compare XLA's collectives with shardplan's, kind by kind.
+
+    python tools/xla_plan_check.py                   # print the table
+    python tools/xla_plan_check.py --write-docs      # and write it into docs/xla_comparison.md
+    python tools/xla_plan_check.py --only gpt2_train --json
+
+Needs jax (the `jax` extra), not the libraries the fixtures came from: the
+module text and the .npz inputs are committed. Figures per fixture and plan
+(`BP`: the spec's batch-parallel schedule; `CP-SAT`: `--solver cpsat`):
+  ops        shardplan's collectives of the kind in the device-local program;
+             XLA's tensors moved by ops of the kind (XLA combines several
+             all-reduces into one op of a tuple)
+  bytes      the operands' bytes on one device, summed over those collectives
+  max |diff| between the sharded run and jax's unsharded outputs
+A difference is explained in NOTES (below) or printed as unexplained.
+
+XLA_FLAGS must give 8 host devices before jax is imported, so run this as a
+process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ir.ops import get  # noqa: E402
+from solver.annotate import annotate_planned  # noqa: E402
+from solver.jax_bridge import auto_mesh, compile_annotated, xla_collectives  # noqa: E402
+from solver.planner import plan_spec  # noqa: E402
+from solver.spec import load_spec  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",
+            "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode"]
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+DOC = ROOT / "docs" / "xla_comparison.md"
+BEGIN, END = "<!-- xla-comparison:begin -->", "<!-- xla-comparison:end -->"
+
+# (program, plan, kind) -> why XLA's figure differs from shardplan's.
+NOTES: dict[tuple[str, str, str], str] = {}
+
+
+def shardplan_collectives(lowered) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for op in lowered.function.ops:
+        if get(op.kind).is_collective and op.kind != "all_slice":  # all_slice is local: no communication
+            entry = out.setdefault(op.kind, {"ops": 0, "bytes": 0})
+            entry["ops"] += 1
+            entry["bytes"] += op.operands[0].type.num_bytes
+    return out
+
+
+def check(program: str, plan: str, time_limit_s: float) -> dict:
+    spec = load_spec(FIXTURES / f"{program}.yaml")
+    planned = plan_spec(spec, schedule="BP") if plan == "BP" else plan_spec(spec, solver="cpsat")
+    text = annotate_planned(planned)
+    data = np.load(FIXTURES / f"{program}.npz")
+    args = tuple(jnp.asarray(data[f"in.{i}"]) for i in range(sum(k.startswith("in.") for k in data)))
+    outs = [data[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in data))]
+    mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
+    compiled = compile_annotated(text, mesh, args, tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs),
+                                 planned.lowered.param_dims, planned.lowered.result_dims)
+    got = compiled(*args)
+    diff = max((float(np.max(np.abs(np.asarray(g, np.float64) - o))) if o.size else 0.0)
+               for g, o in zip(got, outs))
+    return {"program": program.split("/")[-1], "plan": plan, "max_abs_diff": diff,
+            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text())}
+
+
+def rows(result: dict) -> list[str]:
+    out = []
+    for kind in KINDS:
+        ours, xla = result["shardplan"].get(kind), result["xla"].get(kind)
+        if not ours and not xla:
+            continue
+        ours = ours or {"ops": 0, "bytes": 0}
+        xla = xla or {"tensors": 0, "bytes": 0}
+        same = ours["ops"] == xla["tensors"] and xla["bytes"] <= ours["bytes"]
+        note = "same" if same else NOTES.get((result["program"], result["plan"], kind), "**unexplained**")
+        out.append(f"| {result['program']} | {result['plan']} | {kind} | {ours['ops']} | {xla['tensors']} | "
+                   f"{ours['bytes']:,} | {xla['bytes']:,} | {result['max_abs_diff']:.2g} | {note} |")
+    if not out:
+        out.append(f"| {result['program']} | {result['plan']} | none | 0 | 0 | 0 | 0 | "
+                   f"{result['max_abs_diff']:.2g} | same |")
+    return out
+
+
+def table(results: list[dict]) -> str:
+    head = ["| program | plan | kind | shardplan ops | XLA tensors | shardplan bytes | XLA bytes | max abs diff | "
+            "note |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    return "\n".join(head + [r for result in results for r in rows(result)])
+
+
+def write_docs(text: str) -> None:
+    doc = DOC.read_text()
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    DOC.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="program names (default: every real fixture)")
+    parser.add_argument("--plans", nargs="*", default=["BP", "CP-SAT"], choices=["BP", "CP-SAT"])
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--write-docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args()
+    programs = [p for p in PROGRAMS if not args.only or p.split("/")[-1] in args.only]
+    results = [check(p, plan, args.time_limit) for p in programs for plan in args.plans]
+    print(json.dumps(results, indent=2) if args.json else table(results))
+    if args.write_docs:
+        write_docs(table(results))
+
+
+if __name__ == "__main__":
+    main()
