@@ -275,6 +275,11 @@ for _case in unary_cases() + binary_cases() + [
     Case("constant", "f32", (), {"shape": [2, 3], "dtype": "f32", "value": [1.5, -2, 3, 0, 5, 6.25]},
          lambda: np.array([[1.5, -2, 3], [0, 5, 6.25]], F32)),
     Case("constant", "i32", (), {"shape": [3], "dtype": "i32", "value": [4, -1, 9]}, lambda: np.array([4, -1, 9], I32)),
+    # raw little-endian bytes: 1.0, 2.0, -0.5 as f32 and as bf16 (the top halves)
+    Case("constant", "data_f32", (), {"shape": [3, 1], "dtype": "f32", "data": "0x0000803F00000040000000BF"},
+         lambda: np.array([[1.0], [2.0], [-0.5]], F32)),
+    Case("constant", "data_bf16", (), {"shape": [3], "dtype": "bf16", "data": "0x803F004000BF"},
+         lambda: np.array([1.0, 2.0, -0.5], F32)),
     # convolution and its transposes: NHWC x, HWIO w; "uneven" strides leave
     # padded rows and columns no window reads (7 + 1 - 3 = 5 rows, stride 2)
     *(Case("convolution", name, (x, w), {"stride": s, "padding": p}, f64(ref_conv(s, p)))
@@ -485,11 +490,16 @@ OPAQUE_DIMS: dict[str, tuple[list[set[int]], list[set[int]]]] = {
     "iota-dim0_f32": ([], [{0}]),
     "constant-f32": ([], [{0, 1}]),
     "constant-i32": ([], [{0}]),
+    "constant-data_f32": ([], [{0, 1}]),
+    "constant-data_bf16": ([], [{0}]),
     # spatial dims and the kernel window are opaque in all three convolution kinds
     **{f"convolution-{g[0]}": ([{1, 2}, {0, 1}], [{1, 2}]) for g in CONV_GEOMETRIES},
     **{f"conv_input_grad-{g[0]}": ([{1, 2}, {0, 1}], [{1, 2}]) for g in CONV_GEOMETRIES},
     **{f"conv_kernel_grad-{g[0]}": ([{1, 2}, {1, 2}], [{0, 1}]) for g in CONV_GEOMETRIES},
 }
+# Each family's case module lists its own.
+for _module in (cases_bitwise, cases_indexing, cases_windows):
+    OPAQUE_DIMS.update(getattr(_module, "OPAQUE_DIMS", {}))
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)

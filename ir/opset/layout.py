@@ -20,10 +20,12 @@ Factor rules in brief (o = opaque: the dimension must be whole at this op):
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 import numpy as np
 
-from ir.core import Attrs, Mesh, TensorType
+from ir.core import DTYPE_BYTES, NUMPY_DTYPES, Attrs, Mesh, TensorType
 from ir.ops import (
     AttrSpec,
     FactorRule,
@@ -578,12 +580,36 @@ register(OpDef(
 ))
 
 
+def attr_hex(v: Any) -> str:
+    if not isinstance(v, str) or (v and not re.fullmatch(r"0x(?:[0-9A-Fa-f]{2})*", v)):
+        raise ValueError(f"expected a hex string of bytes like 0x00FF, got {str(v)[:40]!r}")
+    return v
+
+
+def constant_array(attrs: Attrs) -> np.ndarray:
+    """The literal's elements, from `value` or from the raw bytes in `data`."""
+    shape, dtype = attrs["shape"], attrs["dtype"]
+    if not attrs["data"]:
+        return np.array(attrs["value"]).reshape(shape)
+    raw = bytes.fromhex(attrs["data"][2:])
+    if dtype == "bf16":  # the top half of an f32
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+
+
 def _constant_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    shape = attrs["shape"]
+    shape, dtype = attrs["shape"], attrs["dtype"]
     _check_shape("constant", shape)
-    require(len(attrs["value"]) == math.prod(shape),
-            f"constant: {len(attrs['value'])} values given for shape {list(shape)} ({math.prod(shape)} elements)")
-    return (TensorType(shape, attrs["dtype"]),)
+    if attrs["data"]:
+        require(not attrs["value"], "constant: give value or data, not both")
+        size = (len(attrs["data"]) - 2) // 2
+        require(size == math.prod(shape) * DTYPE_BYTES[dtype],
+                f"constant: {size} bytes of data for shape {list(shape)} of {dtype} "
+                f"({math.prod(shape) * DTYPE_BYTES[dtype]} bytes)")
+    else:
+        require(len(attrs["value"]) == math.prod(shape),
+                f"constant: {len(attrs['value'])} values given for shape {list(shape)} ({math.prod(shape)} elements)")
+    return (TensorType(shape, dtype),)
 
 
 def _constant_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
@@ -593,9 +619,11 @@ def _constant_factors(operand_types: Types, result_types: Types, attrs: Attrs) -
 
 register(OpDef(
     "constant", "layout", 0,
-    (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("value", attr_numbers)),
+    (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("value", attr_numbers, ()),
+     AttrSpec("data", attr_hex, "")),
     _constant_infer, _constant_factors, _generated_cost,
-    impl=lambda args, attrs: (np.array(attrs["value"]).reshape(attrs["shape"]),),
+    impl=lambda args, attrs: (constant_array(attrs),),
     vjp=no_operands,
-    doc="a dense literal, values in row-major order",
+    doc="a dense literal: `value` in row-major order, or `data`, its little-endian bytes in hex (how large "
+        "literals are kept: a tuple of millions of Python numbers would not be)",
 ))

@@ -60,6 +60,12 @@ def parse_literal(text: str, ty: TensorType) -> np.ndarray:
     return values.astype(dtype)
 
 
+def _little_endian(flat: np.ndarray, dtype: str) -> bytes:
+    if dtype == "bf16":  # executed in float32: its top half is the bf16
+        return (flat.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+    return flat.astype(flat.dtype.newbyteorder("<")).tobytes()
+
+
 def _scalar(text: str, dtype: str) -> float | int | bool:
     """A scalar literal: decimal, hex bit pattern (0x7F800000 is inf), true/false."""
     if text in ("true", "false"):
@@ -89,6 +95,9 @@ def constant(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     splat = flat.size == 1 or bool((flat == flat[0]).all()) or bool(np.isnan(flat.astype(float)).all())
     if splat:
         value = imp.checked(stmt, scope, "full", [], shape=list(want.shape), dtype=want.dtype, value=flat[0].item())
+    elif flat.size > KNOWN_LIMIT:  # kept as bytes: a tuple of millions of Python numbers would not do
+        value = imp.checked(stmt, scope, "constant", [], shape=list(want.shape), dtype=want.dtype,
+                            data="0x" + _little_endian(flat, want.dtype).hex().upper())
     else:
         value = imp.checked(stmt, scope, "constant", [], shape=list(want.shape), dtype=want.dtype,
                             value=[v.item() for v in flat])
