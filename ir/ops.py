@@ -388,6 +388,7 @@ from ir.opset import (  # noqa: E402,F401
     bitwise,
     collectives,
     contraction,
+    conv_general,
     convolution,
     elementwise,
     indexing,

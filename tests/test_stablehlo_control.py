@@ -69,7 +69,7 @@ module @jit_f {
     return %0 : tensor<8x6xf32>
   }
 }
-"""
+"""  # noqa: E501 (jax's lines)
 
 
 def test_sharding_annotations_pass_through_and_are_recorded():

@@ -145,12 +145,13 @@ def gemma_train():
 
 
 class CNN(nn.Module):
-    """The flax examples' CNN with BatchNorm: conv-BN-relu-pool twice, then dense layers."""
+    """A CNN with BatchNorm as ResNets write it (a conv before a BatchNorm has
+    no bias): conv-BN-relu-max pool twice, an average pool, dense layers."""
 
     @nn.compact
     def __call__(self, x, train: bool):
         for features in (8, 16):
-            x = nn.Conv(features, (3, 3))(x)
+            x = nn.Conv(features, (3, 3), use_bias=False)(x)
             x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
             x = nn.relu(x)
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
@@ -345,7 +346,14 @@ def export_gemma_2b(path: pathlib.Path) -> None:
     text = jax.jit(train_step(loss_fn)).lower(args).as_text()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"{path}: {len(text.splitlines())} lines")
+    names = ", ".join(arg_names(args))
+    path.with_suffix(".yaml").write_text(
+        f"# Written by tools/export_real_fixtures.py --gemma-2b: a Gemma-2B-shaped Adam-W step (HF Flax).\n"
+        f"description: Gemma-2B-shaped training step, batch 8 x seq 2048, on 32 H100s (8 x 4)\n"
+        f"model:\n  stablehlo: {path.name}\n  param_names: [{names}]\n  inputs: [\"batch.*\"]\n"
+        f"  state: [\"opt.*\"]\nmesh: {{batch: 8, model: 4}}\nhardware: H100-SXM\n"
+        f"schedule:\n  - manual: {{axis: batch, values: {{batch.input_ids: 0}}}}\n")
+    print(f"{path}: {len(text.splitlines())} lines; spec {path.with_suffix('.yaml')}")
 
 
 # Small programs, one construct each, for the importer's own tests
