@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.core import Attrs, Mesh, TensorType
+from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
 from ir.ops import (
     AttrSpec,
     FactorRule,
@@ -24,7 +24,9 @@ from ir.ops import (
     require,
 )
 
-COMBINERS = {"sum": np.sum, "max": np.max, "min": np.min}
+# and / or combine booleans (masks, `jnp.all`) and integers bitwise.
+COMBINERS = {"sum": np.sum, "max": np.max, "min": np.min, "and": np.bitwise_and.reduce, "or": np.bitwise_or.reduce}
+BITWISE_COMBINERS = ("and", "or")
 
 
 def _infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
@@ -34,6 +36,8 @@ def _infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
         check_dim("reduce", d, x.rank)
     require(len(set(dims)) == len(dims), f"reduce: dimension listed twice in {list(dims)}")
     require(x.dtype != "bool" or attrs["combiner"] != "sum", f"reduce: cannot sum a bool tensor {x}")
+    require(attrs["combiner"] not in BITWISE_COMBINERS or x.dtype == "bool" or x.dtype in INT_DTYPES,
+            f"reduce: {attrs['combiner']} combines bool or integer tensors, got {x}")
     return (TensorType(tuple(s for d, s in enumerate(x.shape) if d not in dims), x.dtype),)
 
 
@@ -54,6 +58,9 @@ def identity(combiner: str, dtype: np.dtype) -> int | float | bool:
     """The combiner's identity: what a reduction over an empty dimension gives."""
     if combiner == "sum":
         return 0
+    if combiner in BITWISE_COMBINERS:
+        everything = True if dtype == np.bool_ else np.array(-1).astype(dtype).item()  # all bits set
+        return everything if combiner == "and" else (False if dtype == np.bool_ else 0)
     biggest = combiner == "min"
     if np.issubdtype(dtype, np.floating):
         return np.inf if biggest else -np.inf
@@ -76,6 +83,8 @@ def _vjp(b, op, g, wanted):
     spread = b.broadcast_in_dim(g, x.type.shape, kept)
     if op.attrs["combiner"] == "sum":
         return (spread,)
+    if op.attrs["combiner"] in BITWISE_COMBINERS:  # bools and integers carry no gradient
+        return (None,)
     # max/min: the elements equal to the result get the cotangent (all of them on ties).
     hit = b.compare(x, b.broadcast_in_dim(op.result, x.type.shape, kept), "eq")
     return (b.select(hit, spread, 0.0),)
@@ -85,5 +94,5 @@ register(OpDef(
     "reduce", "reduction", 1,
     (AttrSpec("dims", attr_ints), AttrSpec("combiner", attr_choice(*COMBINERS), "sum")),
     _infer, _factors, _cost, impl=_impl, vjp=_vjp,
-    doc="combine over `dims` with `combiner` (sum, max, min)",
+    doc="combine over `dims` with `combiner` (sum, max, min; and, or for bool and integers)",
 ))
