@@ -177,15 +177,17 @@ def test_not_stablehlo_text():
 def test_multi_operand_reduce_is_refused():
     text = SMALL.replace("%5 = stablehlo.reduce(%arg0 init: %cst_2)", "%5 = stablehlo.reduce(%arg0 init: %cst_2), "
                          "(%arg1 init: %cst_2)")
-    with pytest.raises(StableHLOError, match="only single-operand reductions"):
+    with pytest.raises(StableHLOError, match="small.mlir:7: stablehlo.reduce: of several operands only argmax and "
+                       "argmin"):
         import_stablehlo(text, "small.mlir")
 
 
-def test_non_embedding_gather_is_refused():
+def test_a_mangled_embedding_gather_fails_its_type_check():
+    """collapsed_slice_dims = [1] is a general gather now, whose inferred type
+    then disagrees with the declared one: the error names the line."""
     text = (FIXTURES / "transformer_train.mlir").read_text().replace("collapsed_slice_dims = [0]",
                                                                      "collapsed_slice_dims = [1]", 1)
-    with pytest.raises(StableHLOError, match=r"transformer_train.mlir:\d+: stablehlo.gather: only the "
-                                             r"embedding-lookup form"):
+    with pytest.raises(StableHLOError, match=r"transformer_train.mlir:\d+: stablehlo.gather: "):
         import_stablehlo(text, "transformer_train.mlir")
 
 

@@ -1,0 +1,109 @@
+"""Training and inference steps written with real JAX libraries (HF
+transformers' Flax GPT-2, Llama and Gemma, flax.linen CNN and MLP, GPT-2
+with dropout, an nn.scan transformer, a GPT-2 decoding step with its key/
+value cache), as jax printed them (tests/fixtures/real/, written by
+tools/export_real_fixtures.py; no jax needed here): each imports, executes
+to the values jax computed, is planned by NDA + CP-SAT and by MCTS, and its
+batch-parallel plan executes on the simulated mesh like the global program
+with the collectives PartIR's formulas predict."""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from ir.interpret import run, run_spmd, shard, unshard
+from solver.planner import SearchOverrides, collective_counts, plan_spec, prepare
+from solver.spec import load_spec
+
+REAL = ROOT / "tests" / "fixtures" / "real"
+NAMES = ["gpt2_train", "gpt2_dropout_train", "llama_train", "gemma_train", "cnn_train", "mlp_train_flax",
+         "scan_train", "gpt2_decode"]
+TRAINING = [n for n in NAMES if n != "gpt2_decode"]
+
+
+@functools.cache
+def prepared(name: str):
+    spec = load_spec(REAL / f"{name}.yaml")
+    return spec, prepare(spec)
+
+
+def npz(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    data = np.load(REAL / f"{name}.npz")
+    count = {side: sum(k.startswith(side + ".") for k in data) for side in ("in", "out")}
+    return [data[f"in.{i}"] for i in range(count["in"])], [data[f"out.{i}"] for i in range(count["out"])]
+
+
+def test_the_library_versions_are_recorded():
+    versions = json.loads((REAL / "versions.json").read_text())
+    assert set(versions) == {"jax", "flax", "optax", "transformers"}
+    assert all(f"{lib} {v}" in (REAL / "gpt2_train.yaml").read_text() for lib, v in versions.items())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_executes_to_the_values_jax_computed(name):
+    spec, prep = prepared(name)
+    fn = prep.model.function
+    inputs, outputs = npz(name)
+    got = run(fn, inputs)
+    assert len(got) == len(outputs)
+    for r, value, want in zip(fn.results, got, outputs):
+        # float32 on both sides; XLA fuses and reorders sums, so a few ulps apart.
+        if np.issubdtype(want.dtype, np.floating):
+            np.testing.assert_allclose(value, want, rtol=2e-4, atol=2e-5, err_msg=f"result %{r.name}")
+        else:
+            np.testing.assert_array_equal(value, want, err_msg=f"result %{r.name}")
+
+
+def bp_all_reduces(name: str, spec, model) -> int:
+    """PartIR's Table 2 for batch parallelism: one all_reduce per parameter
+    gradient and one for the loss, plus what a program reduces over the
+    batch besides (BatchNorm: see the fixture's spec)."""
+    if name == "gpt2_decode":
+        return 0  # inference: every example is decoded on its own
+    extra = spec.expectations().get("BP")
+    return len(model.params) + 1 if extra is None or extra.all_reduce is None else extra.all_reduce
+
+
+def assert_executes_like_the_global_program(name: str, model, lowered) -> None:
+    fn, local = model.function, lowered.function
+    inputs, _ = npz(name)
+    inputs = [x.astype(np.float64) if x.dtype == np.float32 else x for x in inputs]
+    want = run(fn, inputs, float_dtype=np.float64)
+    sharded = {p.name: shard(x, dims, local.mesh) for p, x, dims in zip(fn.params, inputs, lowered.param_dims)}
+    got = run_spmd(local, sharded, float_dtype=np.float64)
+    for r, blocks, dims, expected in zip(fn.results, got, lowered.result_dims, want):
+        actual = unshard(blocks, dims, local.mesh, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(actual, expected, rtol=1e-9, atol=1e-9, err_msg=f"result %{r.name}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_parallel_plan_executes_like_the_global_program(name):
+    spec, prep = prepared(name)
+    planned = plan_spec(spec, schedule="BP", prepared=prep)
+    assert_executes_like_the_global_program(name, planned.model, planned.lowered)
+    counts = collective_counts(planned.lowered)
+    assert counts["all_reduce"] == bp_all_reduces(name, spec, planned.model), counts
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cpsat_plans_every_fixture(name):
+    spec, prep = prepared(name)
+    planned = plan_spec(spec, solver="cpsat", prepared=prep, overrides=SearchOverrides(time_limit_s=20))
+    (report,) = planned.search
+    assert report.status in ("optimal", "feasible")
+    assert planned.assessment.cost.fits
+    # Never worse than the batch-parallel schedule it was hinted with.
+    bp = plan_spec(spec, schedule="BP", prepared=prep)
+    assert planned.assessment.cost.step_time_s <= bp.assessment.cost.step_time_s * (1 + 1e-6)
+    assert_executes_like_the_global_program(name, planned.model, planned.lowered)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mcts_plans_every_fixture(name):
+    spec, prep = prepared(name)
+    planned = plan_spec(spec, solver="mcts", prepared=prep, overrides=SearchOverrides(iterations=20, seed=0))
+    assert planned.search and planned.assessment.cost.fits
+    assert_executes_like_the_global_program(name, planned.model, planned.lowered)
