@@ -289,7 +289,26 @@ schedules:
   BP:
     tactics:
       - manual: {{axis: batch, values: {{{bp_input}: 0}}}}
+    expect:
+      all_reduce: {bp}   # {bp_formula}{extra}
+      fits: true
 """
+
+
+def bp_expectation(name: str, names: list[str]) -> tuple[int, str]:
+    """Batch parallelism's all_reduce count (PartIR's Table 2) and its formula."""
+    params = [n for n in names if n.startswith("params.")]
+    if name == "gpt2_decode":
+        return 0, "inference: each sequence is decoded on its own devices"
+    if name == "cnn_train":
+        return len(params) + 1 + 3 * 2, (f"P + 1 + 3B, P = {len(params)}, B = 2 BatchNorm layers: each reduces its "
+                                         "batch mean and mean of squares, and its statistics' cotangent")
+    if name == "scan_train":
+        stacked = [n for n in params if n.startswith("params.layers.")]
+        count = len(stacked) * ScannedLM.layers + len(params) - len(stacked) + 1
+        return count, (f"S L + (P - S) + 1, S = {len(stacked)} stacked of P = {len(params)}, L = "
+                       f"{ScannedLM.layers}: the unrolled scan builds a stacked gradient one layer slice at a time")
+    return len(params) + 1, f"P + 1, P = {len(params)}: one per parameter gradient and one for the loss"
 
 DESCRIPTIONS = {
     "gpt2_train": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 (2 layers, d 32, 4 heads) Adam-W training step"),
@@ -307,7 +326,12 @@ DESCRIPTIONS = {
 def write_spec(name: str, out: pathlib.Path, names: list[str]) -> None:
     library, description = DESCRIPTIONS[name]
     state = ", ".join(f'"{p}.*"' for p in ("opt", "state") if any(n.startswith(p + ".") for n in names))
+    bp, bp_formula = bp_expectation(name, names)
+    extra = ("\n      all_slice: 5   # 1 + 2L, L = 2: the random bits of the embedding and residual dropouts come from "
+             "counters (an iota, whose counting dims are opaque) made whole on every device, then sliced to the batch "
+             "shard: local, no communication") if name == "gpt2_dropout_train" else ""
     text = SPEC.format(library=library, versions=", ".join(f"{k} {v}" for k, v in VERSIONS.items()),
+                       bp=bp, bp_formula=bp_formula, extra=extra,
                        description=description + " (exported from jax as StableHLO, 4-way batch x 2-way model)",
                        name=name, names=", ".join(names), state=state,
                        bp_input=BP_INPUT.get(name, "batch.input_ids"))
