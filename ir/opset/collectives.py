@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ir.core import Attrs, Mesh, TensorType
+from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
 from ir.ops import (
     AttrSpec,
     FactorRule,
@@ -43,7 +43,7 @@ from ir.ops import (
 )
 from ir.opset.elementwise import elementwise_factors
 from ir.opset.layout import untouched_dims_rule
-from ir.opset.reduction import COMBINERS
+from ir.opset.reduction import BITWISE_COMBINERS, COMBINERS
 
 
 def group_size(kind: str, attrs: Attrs, mesh: Mesh) -> int:
@@ -126,9 +126,16 @@ def _all_to_all(arrays: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     return [np.concatenate([blocks[r][j] for r in range(k)], axis=attrs["src_dim"]) for j in range(k)]
 
 
+def _check_combiner(kind: str, x: TensorType, combiner: str) -> None:
+    """The dtypes `reduce` accepts for the combiner: what a sharded reduction lowers to must type-check too."""
+    require(x.dtype != "bool" or combiner != "sum", f"{kind}: cannot sum a bool tensor {x}")
+    require(combiner not in BITWISE_COMBINERS or x.dtype == "bool" or x.dtype in INT_DTYPES,
+            f"{kind}: {combiner} combines bool or integer tensors, got {x}")
+
+
 def _all_reduce_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     group_size("all_reduce", attrs, mesh)
-    require(types[0].dtype != "bool" or attrs["combiner"] != "sum", f"all_reduce: cannot sum a bool tensor {types[0]}")
+    _check_combiner("all_reduce", types[0], attrs["combiner"])
     return types
 
 
@@ -142,8 +149,7 @@ def _all_slice_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
 
 def _reduce_scatter_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     k = group_size("reduce_scatter", attrs, mesh)
-    require(types[0].dtype != "bool" or attrs["combiner"] != "sum",
-            f"reduce_scatter: cannot sum a bool tensor {types[0]}")
+    _check_combiner("reduce_scatter", types[0], attrs["combiner"])
     return (_resized("reduce_scatter", types[0], attrs["dim"], k, grow=False),)
 
 

@@ -149,9 +149,12 @@ for _name, (_fn, _float_only, _flops, _vjp, _doc) in UNARY.items():
 
 def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.issubdtype(a.dtype, np.integer):
-        # Integer division truncates toward zero, as in StableHLO (not numpy's floor).
-        safe = np.where(b == 0, 1, b)
-        return np.where(b == 0, 0, np.trunc(a / safe)).astype(a.dtype)
+        # Integer division truncates toward zero, as in StableHLO (not numpy's floor). Done in integers:
+        # a float quotient rounds 64-bit operands. x / 0 gives 0 here (XLA gives -1; StableHLO leaves it open).
+        safe = np.where(b == 0, 1, b).astype(a.dtype)
+        floor = np.floor_divide(a, safe)
+        inexact = (floor * safe != a) & ((a < 0) != (safe < 0))
+        return np.where(b == 0, 0, floor + inexact).astype(a.dtype)
     return a / b
 
 

@@ -4,7 +4,6 @@ select, convert, iota, dot_general and single-operand reductions."""
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from ir.core import FLOAT_DTYPES, TensorType, Value
 from ir.interpret import numpy_dtype
+from ir.opset.reduction import identity
 from ir.stablehlo.importer import KNOWN_LIMIT, Importer, Scope, handles
 from ir.stablehlo.reader import VALUE, Stmt
 
@@ -252,7 +252,7 @@ def reduce(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     combiner, binary = reduction_combiner(imp, stmt, stmt.rest)
     dims = imp.ints(stmt, "dimensions")
     start = imp.known.get(id(init))
-    if start is not None and start.size == 1 and _is_identity(start.item(), combiner):
+    if start is not None and start.size == 1 and is_identity(start.item(), combiner, x.type.dtype):
         return [imp.checked(stmt, scope, "reduce", [x], dims=dims, combiner=combiner)]
     # A non-identity init joins the reduction once, as the combiner of the result and the init.
     (want,) = imp.declared(stmt)
@@ -261,12 +261,9 @@ def reduce(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     return [imp.checked(stmt, scope, binary, [reduced, spread])]
 
 
-def _is_identity(value: float | int | bool, combiner: str) -> bool:
-    if combiner == "sum":
-        return value == 0
-    if combiner in ("max", "min"):
-        return math.isinf(value) and (value < 0) == (combiner == "max") if isinstance(value, float) else False
-    return bool(value) == (combiner == "and")  # and: true, or: false
+def is_identity(value: float | int | bool, combiner: str, dtype: str) -> bool:
+    """Whether a reduction's init is its combiner's identity (then it adds nothing)."""
+    return bool(np.asarray(value).astype(numpy_dtype(dtype)) == identity(combiner, np.dtype(numpy_dtype(dtype))))
 
 
 def _arity(imp: Importer, stmt: Stmt, values: list[Value], n: int) -> list[Value]:

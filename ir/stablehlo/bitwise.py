@@ -1,5 +1,8 @@
 """Handlers of the bitwise, integer and remaining elementwise ops, and of
-the chlo ops jax prints (`chlo.square`, `chlo.erf`, `chlo.erf_inv`)."""
+the chlo ops jax prints for elementwise math (`chlo.square`, `chlo.erf`,
+`chlo.erf_inv`, `chlo.erfc`, trigonometric and hyperbolic functions).
+chlo.lgamma, chlo.digamma and the Bessel functions stay unsupported: they
+would need numerics of their own."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ ONE_TO_ONE = {
     "stablehlo.ceil": "ceil", "stablehlo.round_nearest_even": "round_even", "stablehlo.round_nearest_afz": "round_away",
     "stablehlo.is_finite": "is_finite", "stablehlo.popcnt": "popcnt", "stablehlo.exponential_minus_one": "expm1",
     "stablehlo.log_plus_one": "log1p", "stablehlo.sine": "sin", "stablehlo.cosine": "cos", "chlo.erf": "erf",
-    "chlo.erf_inv": "erf_inv",
+    "chlo.erf_inv": "erf_inv", "chlo.erfc": "erfc", "stablehlo.count_leading_zeros": "clz", "stablehlo.cbrt": "cbrt",
+    # jax prints chlo.tan; newer StableHLO has tan of its own.
+    "stablehlo.tan": "tan", "chlo.tan": "tan", "chlo.sinh": "sinh", "chlo.cosh": "cosh", "chlo.asin": "asin",
+    "chlo.acos": "acos", "chlo.atan": "atan", "chlo.asinh": "asinh", "chlo.acosh": "acosh", "chlo.atanh": "atanh",
 }
 
 for _name, _kind in ONE_TO_ONE.items():

@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 from ir.core import Value
-from ir.stablehlo.basic import COMBINERS, _is_identity, region_combiner
+from ir.stablehlo.basic import COMBINERS, is_identity, region_combiner
 from ir.stablehlo.importer import Importer, Scope, handles
 from ir.stablehlo.reader import Stmt
 
@@ -150,7 +150,7 @@ def reduce_window(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
                  base_dilations=read_ints(imp, stmt, text, "base_dilations", default=ones),
                  window_dilations=read_ints(imp, stmt, text, "window_dilations", default=ones), combiner=combiner)
     start = imp.known.get(id(init))
-    if start is not None and start.size == 1 and _is_identity(start.item(), combiner):
+    if start is not None and start.size == 1 and is_identity(start.item(), combiner, x.type.dtype):
         return [imp.checked(stmt, scope, "reduce_window", [x], **attrs)]
     holes = any(p != [0, 0] for p in attrs["padding"]) or any(d != 1 for d in attrs["base_dilations"])
     if combiner == "sum" and holes:
