@@ -33,7 +33,7 @@ def test_quick_start_input_exists():
 
 def test_readme_op_table_lists_every_registered_kind():
     table = README.split("### Op kinds", 1)[1].split("\n## ", 1)[0]
-    documented = set(re.findall(r"`([a-z_]+)`", table))
+    documented = set(re.findall(r"`([a-z_0-9]+)`", table))
     missing = sorted(set(ops.REGISTRY) - documented)
     assert not missing, f"README op table lacks {missing}"
 
