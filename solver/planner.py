@@ -23,7 +23,7 @@ from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.search import SILENT, NoPlanFits, Progress
 from solver.spec import COLLECTIVE_KINDS, Spec
-from solver.tactics import Auto, Tactic, apply_schedule
+from solver.tactics import Auto, Pin, Tactic, apply_schedule
 
 SOLVERS = ("none", "cpsat", "mcts")
 
@@ -96,7 +96,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     prepared = prepared or prepare(spec)
     model, nda = prepared.model, prepared.nda
     seconds = dict(prepared.seconds)
-    tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides())
+    tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
     t0 = time.perf_counter()
     mesh, hardware = spec.mesh_obj(), spec.hardware_obj()
     search = _Search(model, nda, mesh, hardware, progress)
@@ -119,13 +119,21 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
                    spec.schedule_name(schedule))
 
 
-def _schedule(spec: Spec, name: str | None, solver: str,
-              overrides: SearchOverrides) -> tuple[list[Tactic], list[Tactic]]:
-    """The tactics to run, and the manual schedule that hints a fully automatic one."""
+def _schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
+              pinned: tuple = ()) -> tuple[list[Tactic], list[Tactic]]:
+    """The tactics to run, and the manual schedule that hints a fully
+    automatic one; the program's own sharding constraints come first."""
+    pins: list[Tactic] = [Pin(pinned)] if pinned else []
+    tactics, hint = _spec_schedule(spec, name, solver, overrides, bool(pins))
+    return pins + tactics, pins + hint if hint else hint
+
+
+def _spec_schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
+                   pinned: bool) -> tuple[list[Tactic], list[Tactic]]:
     tactics = spec.tactics(name)
     autos = [t for t in tactics if isinstance(t, Auto)]
     if solver == "none":
-        if not tactics:
+        if not tactics and not pinned:  # the program's own constraints are a schedule too
             raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` or `schedules:` (see the "
                           "README), or choose a search backend with --solver")
         return [overrides.apply(t, t.solver) if isinstance(t, Auto) else t for t in tactics], []

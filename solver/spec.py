@@ -76,7 +76,7 @@ from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
-from ir.stablehlo import import_stablehlo
+from ir.stablehlo import import_module
 from solver.tactics import Auto, Manual, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
@@ -493,13 +493,19 @@ class Spec(_Strict):
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecError(f"{self._source}: model.stablehlo: cannot read {path}: {exc.strerror or exc}") from exc
-        fn = import_stablehlo(text, str(path), spec.param_names)
+        imported = import_module(text, str(path), spec.param_names)
+        fn = imported.function
+        pinned = imported.pins()
+        for value, dim, axis in pinned:
+            if axis not in self.mesh:
+                raise SpecError(f"{self._source}: model.stablehlo: the program constrains %{value} dimension {dim} to "
+                                f"mesh axis {axis!r}, which the spec's mesh ({', '.join(self.mesh)}) lacks")
         names = [p.name for p in fn.params]
         inputs, state = (_globbed(names, patterns, f"{self._source}: model.{key}")
                          for key, patterns in (("inputs", spec.inputs), ("state", spec.state)))
         params = [n for n in names if n not in inputs and n not in state]
         return Model(fn, tuple(params), tuple(n for n in names if n in inputs),
-                     tuple(n for n in names if n in state and n not in inputs))
+                     tuple(n for n in names if n in state and n not in inputs), pinned)
 
 
 def _globbed(names: list[str], patterns: list[str], where: str) -> set[str]:

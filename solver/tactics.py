@@ -16,6 +16,10 @@ decisions come after, and earlier decisions win on a contended axis).
                          how ZeRO-2 keeps the updated parameters whole
                          while their optimizer state is sharded: the
                          update is all_gathered before it is applied.
+  Pin(values)            shard named values' dimensions along mesh axes,
+                         propagating like Manual: the program's own sharding
+                         constraints (an imported jax program's
+                         `with_sharding_constraint`s), applied first.
   Resolve(bits)          set resolution-class bits (`shardplan explain`
                          lists the classes and what each resolution shards).
   Auto(axes, solver, ...) run a search backend on the given axes, after the
@@ -56,6 +60,11 @@ class Replicate:
 
 
 @dataclass(frozen=True, slots=True)
+class Pin:
+    values: tuple[tuple[str, int, str], ...]  # (value name, dimension, axis)
+
+
+@dataclass(frozen=True, slots=True)
 class Resolve:
     bits: tuple[tuple[int, int], ...]
 
@@ -70,7 +79,7 @@ class Auto:
     iterations: int = 200  # MCTS trajectories
 
 
-Tactic = Manual | Replicate | Resolve | Auto
+Tactic = Manual | Pin | Replicate | Resolve | Auto
 
 
 Search = Callable[[Plan, Auto, str], Plan]
@@ -89,6 +98,8 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
             named = _matching(nda, tactic.values, where, results=True)
             pairs = [(nda.def_iclass(v, d), tactic.axis) for v in named for d in range(v.type.rank)]
             plan = plan.with_replicated(pairs)
+        elif isinstance(tactic, Pin):
+            plan = _pin(nda, plan, tactic, where)
         elif isinstance(tactic, Resolve):
             plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
         else:
@@ -112,6 +123,20 @@ def _manual(nda: NDA, plan: Plan, tactic: Manual, where: str) -> Plan:
                 pins.append((v, d))
     pinned = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d)) for v, d in pins]
     spread = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d), spread=True) for v, d in pins]
+    return plan.with_decisions(*pinned, *spread)
+
+
+def _pin(nda: NDA, plan: Plan, tactic: Pin, where: str) -> Plan:
+    values = {v.name: v for v in nda.function.params} | {v.name: v for op in nda.function.ops for v in op.results}
+    pins = []
+    for name, dim, axis in tactic.values:
+        _check_axis(plan.mesh, axis, where)
+        v = values.get(name)
+        if v is None or not 0 <= dim < v.type.rank:
+            raise TacticError(f"{where}: the program has no value %{name} with a dimension {dim}")
+        pins.append((v, dim, axis))
+    pinned = [Decision(axis, nda.def_color(v, d), only=nda.def_iclass(v, d)) for v, d, axis in pins]
+    spread = [Decision(axis, nda.def_color(v, d), only=nda.def_iclass(v, d), spread=True) for v, d, axis in pins]
     return plan.with_decisions(*pinned, *spread)
 
 

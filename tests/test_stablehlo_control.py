@@ -6,9 +6,12 @@ dead code, and the ties back to the text (`import_module`)."""
 import numpy as np
 import pytest
 from conftest import ROOT
+from spmd_check import assert_lowering_matches
 
 from ir.interpret import run
 from ir.stablehlo import StableHLOError, import_module, import_stablehlo, load_stablehlo
+from solver.planner import SearchOverrides, plan_spec
+from solver.spec import SpecError, load_spec
 
 SMALL = ROOT / "tests" / "fixtures" / "stablehlo"
 
@@ -77,7 +80,10 @@ def test_sharding_annotations_pass_through_and_are_recorded():
     fn = module.function
     a, b = np.ones((8, 4), np.float32), np.full((4, 6), 0.5, np.float32)
     np.testing.assert_allclose(run(fn, [a, b])[0], 2 * (a @ b))
-    assert module.constraints == {"%1": "{devices=[2,1]<=[2]}", "%2": '@mesh, [{"batch"}, {}]'}
+    dot = module.function.ops[0].result
+    assert module.constraints == ((dot.name, "{devices=[2,1]<=[2]}"), (dot.name, '@mesh, [{"batch"}, {}]'))
+    # Only the Shardy form names mesh axes: it becomes a pin; the HLO sharding names devices.
+    assert module.pins() == ((dot.name, 0, "batch"),)
     # The unused exponential is dead code; the dot and the call's add remain.
     assert [op.kind for op in fn.ops] == ["dot_general", "add"]
 
@@ -95,3 +101,38 @@ def test_other_custom_calls_are_refused_by_name(target):
     text = MAIN.replace("@Sharding", f"@{target}")
     with pytest.raises(StableHLOError, match=rf"main.mlir:4: stablehlo.custom_call @{target} is not supported"):
         import_stablehlo(text, "main.mlir")
+
+
+SPEC = """\
+model:
+  stablehlo: main.mlir
+  param_names: [x, w]
+  inputs: [x]
+mesh: {batch: 2, model: 2}
+hardware: A100-80GB
+"""
+
+
+def test_the_programs_own_constraints_are_pinned_in_every_plan(tmp_path):
+    (tmp_path / "main.mlir").write_text(MAIN)
+    (tmp_path / "step.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "step.yaml")
+    # No schedule at all: the program's constraint is one.
+    planned = plan_spec(spec)
+    dot = planned.model.function.ops[0].result
+    assert planned.model.pinned == ((dot.name, 0, "batch"),)
+    assert planned.sharding.def_dims(planned.nda, dot) == (("batch",), ())
+    # The pin propagates like a manual tactic: x's rows follow the dot's.
+    assert planned.lowered.param_dims[0] == (("batch",), ())
+    assert_lowering_matches(planned.model, planned.lowered)
+    # A search keeps it: CP-SAT starts after the pin and never undoes it.
+    searched = plan_spec(spec, solver="cpsat", overrides=SearchOverrides(time_limit_s=10))
+    assert searched.sharding.def_dims(searched.nda, searched.model.function.ops[0].result)[0][0] == "batch"
+
+
+def test_a_constraint_on_an_axis_the_mesh_lacks_is_a_spec_error(tmp_path):
+    (tmp_path / "main.mlir").write_text(MAIN)
+    (tmp_path / "step.yaml").write_text(SPEC.replace("batch: 2, ", "data: 2, "))
+    with pytest.raises(SpecError, match="step.yaml: model.stablehlo: the program constrains %.* dimension 0 to mesh "
+                       "axis 'batch', which the spec's mesh \\(data, model\\) lacks"):
+        load_spec(tmp_path / "step.yaml").build()

@@ -51,3 +51,22 @@ def test_megatron_transformer_xla_reduces_each_projection_cotangent():
     assert report["max_abs_diff"] < 1e-5
     assert set(report["xla"]) == {"all_reduce"}
     assert report["xla"]["all_reduce"]["tensors"] == report["shardplan"]["all_reduce"] + 2 * LAYERS
+
+
+def test_xla_runs_the_annotated_plans_of_a_real_fixture():
+    """The whole plan written back as Shardy annotations (tools/xla_plan_check.py):
+    XLA's collectives are shardplan's, kind by kind and byte for byte, for the
+    flax MLP's batch-parallel plan and its CP-SAT plan on a memory-tight device."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "xla_plan_check.py"), "--only", "mlp_train_flax",
+                           "--json", "--time-limit", "20"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    bp, cpsat = json.loads(done.stdout)
+    assert bp["plan"] == "BP" and cpsat["plan"] == "CP-SAT, 75% memory"
+    for result in (bp, cpsat):
+        assert result["max_abs_diff"] < 1e-5
+        assert set(result["xla"]) == set(result["shardplan"]) == {"all_reduce"}
+        xla, ours = result["xla"]["all_reduce"], result["shardplan"]["all_reduce"]
+        assert (xla["tensors"], xla["bytes"]) == (ours["ops"], ours["bytes"])
+    assert bp["shardplan"]["all_reduce"]["ops"] == 7  # P + 1: six parameters and the loss

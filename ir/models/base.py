@@ -22,6 +22,10 @@ class Model:
     params: tuple[str, ...]
     inputs: tuple[str, ...]
     state: tuple[str, ...] = ()
+    # The program's own sharding constraints (an imported jax program's
+    # `with_sharding_constraint`s): (value name, dimension, mesh axis). Plans
+    # pin them before any tactic.
+    pinned: tuple[tuple[str, int, str], ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.function.params]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ir.core import Function
 from ir.stablehlo import basic, bitwise, control, indexing, windows  # noqa: F401  (register handlers)
+from ir.stablehlo.control import sdy_axes
 from ir.stablehlo.importer import HANDLERS, Importer, check_supported, parse_type
 from ir.stablehlo.reader import VALUE, Func, Reader, StableHLOError
 
@@ -42,12 +43,25 @@ SUPPORTED: tuple[str, ...] = tuple(sorted(HANDLERS))
 class ImportedModule:
     """An imported program and what ties it back to its text: `origins`
     maps a value's name to the SSA name in @main's body it is the value of
-    (an annotated export pins those), `constraints` the sharding each
-    sharding annotation of @main's body states, by SSA name."""
+    (an annotated export pins those); `constraints` are the program's own
+    sharding annotations, (value name, sharding text), in order."""
 
     function: Function
     origins: Mapping[str, str]
-    constraints: Mapping[str, str]
+    constraints: tuple[tuple[str, str], ...]
+
+    def pins(self) -> tuple[tuple[str, int, str], ...]:
+        """The Shardy constraints as (value name, dimension, mesh axis), for
+        the values the import kept; constraints in another form (an HLO
+        sharding names devices, not axes) are left out."""
+        types = {v.name: v.type for op in self.function.ops for v in op.results}
+        types.update((p.name, p.type) for p in self.function.params)
+        out: list[tuple[str, int, str]] = []
+        for name, text in self.constraints:
+            dims = sdy_axes(text, types[name].rank) if name in types else None
+            for d, axes in enumerate(dims or ()):
+                out += [(name, d, axis) for axis in axes if (name, d, axis) not in out]
+        return tuple(out)
 
 
 def import_stablehlo(text: str, filename: str = "<stablehlo>", param_names: Sequence[str] | None = None,
@@ -79,7 +93,7 @@ def import_module(text: str, filename: str = "<stablehlo>", param_names: Sequenc
     fn = _without_dead_ops(importer.b.build(results))
     defined = {v.name for op in fn.ops for v in op.results}
     origins = {v: ssa for v, ssa in importer.origins.items() if v in defined}
-    return ImportedModule(fn, origins, dict(importer.constraints))
+    return ImportedModule(fn, origins, tuple(importer.constraints))
 
 
 def _without_dead_ops(fn: Function) -> Function:

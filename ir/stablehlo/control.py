@@ -93,7 +93,7 @@ def custom_call(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     if len(args) != 1 or len(stmt.results) != 1:
         raise imp.error(stmt, "stablehlo.custom_call @Sharding: expected one operand and one result")
     sharding = re.search(r'mhlo\.sharding\s*=\s*"([^"]*)"', stmt.rest)
-    imp.constraints[stmt.results[0]] = sharding.group(1) if sharding else ""
+    imp.constraints.append((args[0].name, sharding.group(1) if sharding else ""))
     return args
 
 
@@ -104,5 +104,18 @@ def sharding_constraint(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     if len(args) != 1 or len(stmt.results) != 1:
         raise imp.error(stmt, "sdy.sharding_constraint: expected one operand and one result")
     m = re.search(r"<(@.*)>", stmt.rest.split(" : ")[0])
-    imp.constraints[stmt.results[0]] = m.group(1) if m else ""
+    imp.constraints.append((args[0].name, m.group(1) if m else ""))
     return args
+
+
+def sdy_axes(text: str, rank: int) -> tuple[tuple[str, ...], ...] | None:
+    """Per dimension, the mesh axes of a Shardy sharding `@mesh, [{"b"}, {}]`;
+    None for another form (an HLO sharding `{devices=[2,1]<=[2]}` names
+    devices, not axes) or a rank that does not match."""
+    m = re.fullmatch(r'\s*@[\w.$-]+\s*,\s*\[(.*)\]\s*(?:,.*)?', text)
+    if m is None:
+        return None
+    dims = re.findall(r"\{([^}]*)\}", m.group(1))
+    if len(dims) != rank:
+        return None
+    return tuple(tuple(re.findall(r'"([^"]+)"', d)) for d in dims)

@@ -88,8 +88,8 @@ class Importer:
         self.known: dict[int, np.ndarray] = {}  # id(Value) -> its value, when computed from constants
         self.depth = 0  # of inlined calls, to refuse recursion
         # Sharding constraints the program states (custom_call @Sharding,
-        # sdy.sharding_constraint): SSA name -> its sharding text.
-        self.constraints: dict[str, str] = {}
+        # sdy.sharding_constraint), in order: (value name, sharding text).
+        self.constraints: list[tuple[str, str]] = []
         # Value name -> the SSA name in @main's body that it is the value of
         # (what an annotated export pins); inlined and unrolled bodies have none.
         self.origins: dict[str, str] = {}
