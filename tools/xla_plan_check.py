@@ -58,7 +58,34 @@ MEMORY_FRACTIONS = (0.75, 0.9)  # of the replicated peak, for the CP-SAT plans (
 BEGIN, END = "<!-- xla-comparison:begin -->", "<!-- xla-comparison:end -->"
 
 # (program, plan, kind) -> why XLA's figure differs from shardplan's.
-NOTES: dict[tuple[str, str, str], str] = {}
+TIED = ("the tied embedding's gradient sums the lookup's scatter and the output projection's dot, each partial over "
+        "batch: shardplan adds the partial terms and all-reduces once, XLA all-reduces each term (+1 tensor, +8,192 "
+        "bytes: the 64 x 32 f32 table)")
+QKV = ("the cotangent of each attention block's input sums the q, k and v projections' cotangents, each partial over "
+       "model: shardplan adds them and all-reduces once, XLA all-reduces each at its dot (+2 per layer, 3 layers). "
+       "Pinning the terms and their sum `unreduced={\"model\"}` (Shardy's unreduced axes) did not change it in jax "
+       "0.10.2")
+CNN = "CP-SAT, 75% memory"
+NOTES: dict[tuple[str, str, str], str] = {
+    ("gpt2_train", "BP", "all_reduce"): TIED,
+    ("gpt2_dropout_train", "BP", "all_reduce"): TIED,
+    ("gemma_train", "BP", "all_reduce"): TIED,
+    ("scan_train", "BP", "all_reduce"): TIED + "; the 36 per-layer gradient tensors are all-reduced inside the "
+    "backward while loop, which XLA keeps (3 trips of 12)",
+    ("scan_train", "CP-SAT, 75% memory", "all_reduce"): QKV,
+    ("cnn_train", CNN, "reduce_scatter"): "the second convolution's partial output (model-sharded input channels) "
+    "is reduce-scattered onto its output channels by shardplan; XLA's CPU pipeline all-reduces it and slices "
+    "(the same 32,768 operand bytes; GPU and TPU pipelines form the reduce-scatter)",
+    ("cnn_train", CNN, "all_gather"): "shardplan reshards at each use (PartIR's default): the model-sharded "
+    "activation read by two ops is gathered twice (2 x 16,384 bytes); XLA gathers it once and reuses it "
+    "(`--reuse-resharded` is that choice in shardplan)",
+    ("cnn_train", CNN, "all_reduce"): "1 is the reduce-scatter above; the other (8,192 bytes) is XLA's own choice: it "
+    "splits the first convolution's kernel gradient over its contracting batch dimension across the batch axis, which "
+    "the plan leaves replicated, and all-reduces the partial result; all bytes together 58,368, below the planned "
+    "66,560",
+    ("cnn_train", CNN, "collective_permute"): "moves the operand of the batch-split kernel gradient above into that "
+    "layout (8,192 bytes), XLA's choice inside a value the plan computes whole on every device",
+}
 
 
 def shardplan_collectives(lowered) -> dict[str, dict[str, int]]:
