@@ -171,7 +171,8 @@ class JaxPlan:
                           *format_cost(report["cost"])])
 
 
-def _path_name(path: Any) -> str:
+def path_name(path: Any) -> str:
+    """`0.layers.3.wq` from a pytree key path (keys, indices, attribute names)."""
     parts = []
     for key in path:
         for attr in ("key", "idx", "name"):
@@ -191,7 +192,7 @@ def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.
     schedule: batch parallelism over the first axis on the inputs)."""
     args = tuple(args)
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
-    names = [_path_name(path) for path, _ in leaves]
+    names = [path_name(path) for path, _ in leaves]
     text = jax.jit(fn, keep_unused=True).lower(*args).as_text()
     folder = pathlib.Path(workdir) if workdir is not None else pathlib.Path(tempfile.mkdtemp(prefix="shardplan-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -36,9 +36,10 @@ import argparse
 import json
 import os
 import pathlib
-import re
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import flax  # noqa: E402
 import flax.linen as nn  # noqa: E402
@@ -48,23 +49,14 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import transformers  # noqa: E402
 
+from solver.jax_bridge import path_name  # noqa: E402
+
 PINNED = {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "transformers": "4.57.6"}
 VERSIONS = {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "transformers": transformers.__version__}
 
 BATCH, SEQ, VOCAB = 8, 16, 64
 OPTIMIZER = optax.adamw(1e-3, weight_decay=0.01)
-
-
-def path_name(path) -> str:
-    """`params.transformer.h.0.attn.c_attn.kernel` from a pytree key path."""
-    parts = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-    return re.sub(r"[^\w.\-]", "_", ".".join(parts))
 
 
 def arg_names(args: dict) -> list[str]:

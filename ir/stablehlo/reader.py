@@ -64,19 +64,29 @@ class Func:
     body: list[Stmt]
 
 
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """`text` split at `sep` outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, False, 0
-    for i, ch in enumerate(text):
+def _depths(text: str, start: int = 0):
+    """(index, character, bracket depth after it) for each character outside
+    quotes; `->` is not a bracket."""
+    depth, quote = 0, False
+    for i in range(start, len(text)):
+        ch = text[i]
         if ch == '"':
             quote = not quote
-        elif quote:
             continue
-        elif ch in "([{<":
+        if quote:
+            continue
+        if ch in "([{<":
             depth += 1
-        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):  # `->` is not a bracket
+        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):
             depth -= 1
-        elif ch == sep and depth == 0:
+        yield i, ch, depth
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """`text` split at `sep` outside brackets and quotes."""
+    parts, start = [], 0
+    for i, ch, depth in _depths(text):
+        if ch == sep and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
     tail = text[start:].strip()
@@ -85,20 +95,7 @@ def split_top(text: str, sep: str = ",") -> list[str]:
 
 def _closing(text: str, start: int) -> int:
     """Index of the bracket that closes the one at `start`, or -1."""
-    depth, quote = 0, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch == '"':
-            quote = not quote
-        elif quote:
-            continue
-        elif ch in "([{<":
-            depth += 1
-        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
+    return next((i for i, ch, depth in _depths(text, start) if depth == 0 and ch in ")]}>"), -1)
 
 
 def _depth_change(line: str) -> int:
