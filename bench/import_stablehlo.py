@@ -17,11 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
-from ir.stablehlo import load_stablehlo
-from solver.planner import collective_counts, plan_spec
-from solver.spec import load_spec
+# Run as a script, this directory comes first on sys.path and its costmodel.py would shadow the package.
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
+
+from ir.stablehlo import load_stablehlo  # noqa: E402
+from solver.planner import collective_counts, plan_spec  # noqa: E402
+from solver.spec import load_spec  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LARGEST_FIXTURE = ROOT / "tests" / "fixtures" / "real" / "gpt2_dropout_train.mlir"

@@ -32,7 +32,7 @@ from ir.core import Function
 from ir.stablehlo import basic, bitwise, control, indexing, windows  # noqa: F401  (register handlers)
 from ir.stablehlo.control import sdy_axes
 from ir.stablehlo.importer import HANDLERS, Importer, check_supported, parse_type
-from ir.stablehlo.reader import VALUE, Func, Reader, StableHLOError
+from ir.stablehlo.reader import VALUE, Func, Reader, StableHLOError, Stmt
 
 __all__ = ["SUPPORTED", "ImportedModule", "StableHLOError", "import_module", "import_stablehlo", "load_stablehlo"]
 
@@ -127,7 +127,8 @@ def _result_names(main: Func, taken: set[str]) -> dict[str, str]:
     ret = next((s for s in main.body if s.op in ("return", "func.return")), None)
     if ret is None:
         return {}
-    returned = [_annotated(main, ssa) for ssa in re.findall(VALUE, ret.rest.split(" : ")[0])]
+    defs = {s.results[0]: s for s in main.body if len(s.results) == 1}
+    returned = [_annotated(defs, ssa) for ssa in re.findall(VALUE, ret.rest.split(" : ")[0])]
     out: dict[str, str] = {}
     for ssa, (_, attrs) in zip(returned, main.results):
         name = _sanitize(_info(attrs, "jax.result_info") or "")
@@ -136,11 +137,11 @@ def _result_names(main: Func, taken: set[str]) -> dict[str, str]:
     return out
 
 
-def _annotated(main: Func, ssa: str) -> str:
-    """The SSA name a sharding annotation chain of @main's body starts from:
-    a returned value that is only annotated takes its name from the value
-    annotated (`%sp.3` in `%3 = sdy.sharding_constraint %sp.3`)."""
-    defs = {s.results[0]: s for s in main.body if len(s.results) == 1}
+def _annotated(defs: dict[str, Stmt], ssa: str) -> str:
+    """The SSA name a sharding annotation chain of @main's body (`defs`: its
+    single-result statements by name) starts from: a returned value that is
+    only annotated takes its name from the value annotated (`%sp.3` in
+    `%3 = sdy.sharding_constraint %sp.3`)."""
     seen = set()
     while ssa in defs and ssa not in seen and (defs[ssa].op == "sdy.sharding_constraint"
                                                or defs[ssa].rest.startswith("@Sharding(")):
