@@ -66,7 +66,9 @@ def annotate_stablehlo(text: str, imported: ImportedModule, mesh: Sequence[tuple
     plan's axes per dimension; `value_dims`: value name -> axes per
     dimension of its definition, for the values of `imported.function`."""
     lines = text.splitlines()
-    main = Reader(text, "<annotate>").functions()["main"]
+    main = Reader(text, "<annotate>").functions().get("main")
+    if main is None:
+        raise ValueError("the module has no @main to annotate")
     values = {v.name: v for op in imported.function.ops for v in op.results}
     by_ssa = {ssa: values[name] for name, ssa in imported.origins.items() if "#" not in ssa}
     inserts: dict[int, str] = {}  # line index -> constraint line to insert before it
