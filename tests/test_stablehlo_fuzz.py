@@ -12,7 +12,7 @@ from ir.stablehlo import StableHLOError, import_stablehlo
 
 FIXTURES = [ROOT / "tests" / "fixtures" / name for name in (
     "mlp_train.mlir", "stablehlo/scan.mlir", "stablehlo/fori_loop.mlir", "stablehlo/checkpoint_grad.mlir",
-    "stablehlo/dynamic_trip_count.mlir")]
+    "stablehlo/dynamic_trip_count.mlir", "real/mlp_train_flax.mlir", "real/gpt2_decode.mlir")]
 MUTANTS_PER_FIXTURE = 600
 
 # Tokens the mutations substitute: numbers, SSA names, brackets, types, op and attribute words.
