@@ -1,4 +1,4 @@
-"""The IOPDDL problem (solver/iopddl.py and `shardplan iopddl`): the
+"""The IOPDDL problem (solver/iopddl/ and `shardplan iopddl`): the
 evaluator against hand-computed costs, the solver against brute force on
 small instances, presolve, input validation, solution files and the CLI."""
 
