@@ -11,6 +11,7 @@ descriptions.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ class Plan:
                 out["spread"] = d.spread
             if nda is not None:
                 out["what"] = _describe(nda, d)
+                out["pattern"] = _pattern(nda, d)
             return out
 
         return {
@@ -70,6 +72,24 @@ class Plan:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise IRError(f"malformed plan JSON: {err!r}") from None
         return Plan(mesh, decisions, resolutions, replicated)
+
+
+def _pattern(nda: NDA, d: Decision) -> str | None:
+    """What a decision shards with its layer numbers as `*`: the first
+    parameter dimension of its color (`layers.*.attn.wv[1]`), or the pinned
+    I-class's description (`%layers.*.attn.wq[1] and onward`). The decisions
+    of repeated layers share it, which is how the text report groups them.
+    None for a color no parameter carries."""
+    if d.only is not None:
+        return _LAYER.sub("*", _describe(nda, d))
+    first = next(((v, k) for v in nda.function.params for k in range(v.type.rank) if nda.def_color(v, k) == d.color),
+                 None)
+    if first is None:
+        return None
+    return _LAYER.sub("*", first[0].name) + f"[{first[1]}]"
+
+
+_LAYER = re.compile(r"(?<=\.)\d+(?=\.|\[|$)")  # a number between dots: a layer index
 
 
 def _describe(nda: NDA, d: Decision) -> str:

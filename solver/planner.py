@@ -270,6 +270,40 @@ def format_search(r: dict[str, Any]) -> str:
             f"built in {r['build_s']:.2f} s, solved in {r['solve_s']:.2f} s")
 
 
+def _grouped(decisions: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(axis, text) per line. Decisions on one axis of the same parameter
+    dimension in repeated layers (the same `pattern`, with a `*`) print once,
+    where the first of them stands: `layers.*.mlp.w_up[1]: 4 colors (#7,
+    #11, #15, #19)`, or for pins `%layers.*.attn.wq[1] (18 dimensions, one
+    per layer)`. The JSON lists every decision in order."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    lines: list[tuple[str, Any]] = []
+    for d in decisions:
+        pattern = d.get("pattern") or ""
+        if "*" not in pattern:
+            lines.append((d["axis"], d.get("what", f"color #{d['color']}")))
+            continue
+        key = (d["axis"], pattern)
+        if key not in groups:
+            groups[key] = []
+            lines.append((d["axis"], key))
+        groups[key].append(d)
+    out = []
+    for axis, what in lines:
+        if isinstance(what, str):
+            out.append((axis, what))
+            continue
+        members = groups[what]
+        if len(members) == 1:
+            out.append((axis, members[0].get("what", "")))
+        elif "only" in members[0]:
+            out.append((axis, f"{what[1]} ({len(members)} dimensions, one per layer)"))
+        else:
+            colors = ", ".join(f"#{m['color']}" for m in members)
+            out.append((axis, f"{what[1]}: {len(members)} colors ({colors})"))
+    return out
+
+
 def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     """The human-readable plan report."""
     counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
@@ -282,8 +316,8 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     if report["search"]:
         lines.append("")
     lines += format_cost(report["cost"]) + ["", "decisions:"]
-    decisions = report["plan"]["decisions"]
-    lines += [f"  {d['axis']:>8}: {d['what']}" for d in decisions[:shown]] or ["  none"]
+    decisions = _grouped(report["plan"]["decisions"])
+    lines += [f"  {axis:>8}: {what}" for axis, what in decisions[:shown]] or ["  none"]
     if len(decisions) > shown:
         lines.append(f"  ... and {len(decisions) - shown} more (--json lists them all)")
     if report["plan"]["resolutions"]:

@@ -102,3 +102,32 @@ def test_spec_without_schedule_needs_a_solver(capsys, tmp_path):
     assert code == cli.EXIT_INPUT_ERROR and "no schedule: add tactics" in err
     code, out, err = shardplan(capsys, "plan", write_spec(tmp_path, ""), "--solver", "mcts", "--iterations", "20")
     assert code == 0 and "search (mcts on " in out, err
+
+
+def test_text_report_prints_a_repeated_layer_decision_once(capsys):
+    code, out, _ = shardplan(capsys, "plan", ROOT / "specs" / "transformer.yaml")
+    assert code == 0
+    decisions = out.split("decisions:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    # The manual Megatron tactic pins wq and w_up of each of the 4 layers, then spreads each pin.
+    assert decisions[2:] == [
+        "     model: %layers.*.attn.wq[1] (4 dimensions, one per layer)",
+        "     model: %layers.*.mlp.w_up[1] (4 dimensions, one per layer)",
+        "     model: %layers.*.attn.wq[1] and onward (4 dimensions, one per layer)",
+        "     model: %layers.*.mlp.w_up[1] and onward (4 dimensions, one per layer)",
+    ]
+    code, out, _ = shardplan(capsys, "plan", ROOT / "specs" / "transformer.yaml", "--json")
+    listed = json.loads(out)["plan"]["decisions"]
+    assert len(listed) == 2 + 4 * 4  # the JSON still lists every decision
+    assert {d["pattern"] for d in listed if d["axis"] == "model"} == {
+        "%layers.*.attn.wq[1]", "%layers.*.mlp.w_up[1]", "%layers.*.attn.wq[1] and onward",
+        "%layers.*.mlp.w_up[1] and onward"}
+
+
+def test_whole_color_decisions_of_repeated_layers_group_by_pattern():
+    from solver.planner import _grouped
+
+    decisions = [{"axis": "model", "color": c, "what": f"color #{c} (...)", "pattern": "layers.*.mlp.w_up[1]"}
+                 for c in (7, 11, 15)] + [{"axis": "model", "color": 2, "what": "color #2 (%embed[0])",
+                                            "pattern": "embed[0]"}]
+    assert _grouped(decisions) == [("model", "layers.*.mlp.w_up[1]: 3 colors (#7, #11, #15)"),
+                                   ("model", "color #2 (%embed[0])")]
