@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ir import ops
-from ir.core import FLOAT_DTYPES, Function, IRError, Mesh, Op, TensorType, Value, check_name, verify
+from ir.core import FLOAT_DTYPES, Function, IRError, Mesh, Op, TensorType, Value, check_name
 from ir.opset.convolution import explicit_padding
 
 Operand = Value | int | float
@@ -71,7 +71,7 @@ class Builder:
         return op.result
 
     def build(self, outputs: Sequence[Value]) -> Function:
-        return verify(Function(self.name, tuple(self.params), tuple(self.body), tuple(outputs), self.mesh))
+        return ops.verify(Function(self.name, tuple(self.params), tuple(self.body), tuple(outputs), self.mesh))
 
     # ------------------------------------------------------ elementwise
 

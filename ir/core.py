@@ -301,10 +301,6 @@ class Function:
         for op in self.ops:
             yield from op.results
 
-    def __str__(self) -> str:
-        from ir.text import print_function  # text depends on core, not the reverse
-
-        return print_function(self)
 
 
 def producers(fn: Function) -> dict[Value, Op]:
@@ -319,26 +315,6 @@ def users(fn: Function) -> dict[Value, list[Op]]:
         for v in dict.fromkeys(op.operands):
             out.setdefault(v, []).append(op)
     return out
-
-
-def verify(fn: Function) -> Function:
-    """Check SSA, straight-line order and types; return `fn` or raise VerifyError.
-
-    Types are checked by re-running each op kind's shape rule from the
-    registry, so the verifier and shape inference can never disagree.
-    """
-    from ir.ops import infer_results  # the registry sits above core
-
-    check_name(fn.name, "function")
-    defined: dict[str, Value] = {}
-    for p in fn.params:
-        define(defined, p, f"parameter of @{fn.name}")
-    for index, op in enumerate(fn.ops):
-        verify_op(op, defined, fn.mesh, index, infer_results)
-    for r in fn.results:
-        if defined.get(r.name) is not r:
-            raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")
-    return fn
 
 
 def define(defined: dict[str, Value], value: Value, where: str) -> None:

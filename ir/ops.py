@@ -34,7 +34,22 @@ from typing import Any
 
 import numpy as np
 
-from ir.core import DTYPES, Attrs, AttrValue, IRError, Mesh, Op, TensorType, Value, freeze_attr
+from ir.core import (
+    DTYPES,
+    Attrs,
+    AttrValue,
+    Function,
+    IRError,
+    Mesh,
+    Op,
+    TensorType,
+    Value,
+    VerifyError,
+    check_name,
+    define,
+    freeze_attr,
+    verify_op,
+)
 
 
 class OpError(IRError):
@@ -350,6 +365,24 @@ def make_op(
         raise OpError(f"{kind} has {len(types)} result(s), {len(result_names)} name(s) given")
     results = tuple(Value(n, t) for n, t in zip(result_names, types))
     return Op(kind, tuple(operands), results, norm)
+
+
+def verify(fn: Function) -> Function:
+    """Check SSA, straight-line order and types; return `fn` or raise VerifyError.
+
+    Types are checked by re-running each op kind's shape rule from the
+    registry, so the verifier and shape inference can never disagree.
+    """
+    check_name(fn.name, "function")
+    defined: dict[str, Value] = {}
+    for p in fn.params:
+        define(defined, p, f"parameter of @{fn.name}")
+    for index, op in enumerate(fn.ops):
+        verify_op(op, defined, fn.mesh, index, infer_results)
+    for r in fn.results:
+        if defined.get(r.name) is not r:
+            raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")
+    return fn
 
 
 def factor_rule(op: Op) -> FactorRule:

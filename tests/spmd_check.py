@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.core import verify
 from ir.interpret import run, run_spmd, shard, unshard
 from ir.lower import Lowered
 from ir.models.base import Model
+from ir.ops import verify
 
 
 def model_inputs(model: Model, seed: int = 0) -> dict[str, np.ndarray]:

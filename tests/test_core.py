@@ -4,7 +4,8 @@ import pytest
 
 from ir import ops
 from ir.builder import Builder
-from ir.core import Attrs, Function, IRError, Mesh, Op, TensorType, Value, VerifyError, tensor, verify
+from ir.core import Attrs, Function, IRError, Mesh, Op, TensorType, Value, VerifyError, tensor
+from ir.ops import verify
 
 
 def small_mlp() -> Function:

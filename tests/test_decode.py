@@ -19,9 +19,10 @@ from test_lower import MESH, Checked, check_lowering, plan
 from test_models import gelu, numpy_norm, numpy_qkv, softmax
 
 from ir.autodiff import training_step
-from ir.core import Function, IRError, verify
+from ir.core import Function, IRError
 from ir.interpret import random_inputs, run
 from ir.models import Model, build
+from ir.ops import verify
 from ir.text import parse, print_function
 
 DEPTHS = (1, 2, 3)

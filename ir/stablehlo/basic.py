@@ -12,7 +12,8 @@ import numpy as np
 from ir.core import FLOAT_DTYPES, TensorType, Value
 from ir.interpret import numpy_dtype
 from ir.opset.reduction import identity
-from ir.stablehlo.importer import KNOWN_LIMIT, Importer, Scope, handles
+from ir.stablehlo.importer import KNOWN_LIMIT, Importer, Scope, handles, region_combiner
+from ir.stablehlo.indexing import multi_operand_reduce
 from ir.stablehlo.reader import VALUE, Stmt
 
 UNARY = {"negate": "neg", "exponential": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
@@ -220,14 +221,6 @@ def dot_general(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     return [out]
 
 
-def region_combiner(imp: Importer, stmt: Stmt) -> str:
-    """The op of a region that combines its two arguments and returns it."""
-    body = [s.op for s in stmt.region if s.op not in ("stablehlo.return", "return")]
-    if len(body) != 1 or not body[0].startswith("stablehlo."):
-        raise imp.error(stmt, f"{stmt.op}: only a region of one add, maximum, minimum, and or or is supported")
-    return body[0].removeprefix("stablehlo.")
-
-
 def reduction_combiner(imp: Importer, stmt: Stmt, text: str) -> tuple[str, str]:
     """(our combiner, the binary op kind) of a reduction statement."""
     applies = re.search(r"applies\s+stablehlo\.(\w+)", text)
@@ -245,8 +238,6 @@ def reduce(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
     if not pairs:
         raise imp.error(stmt, "stablehlo.reduce: expected (%x init: %c)")
     if len(pairs) > 1:  # argmax and argmin: a (value, index) pair per element
-        from ir.stablehlo.indexing import multi_operand_reduce
-
         return multi_operand_reduce(imp, stmt, scope, pairs)
     x, init = (scope.get(n, imp, stmt) for n in pairs[0])
     combiner, binary = reduction_combiner(imp, stmt, stmt.rest)

@@ -210,6 +210,14 @@ class Importer:
         return int(array) if array is not None and array.size == 1 else None
 
 
+def region_combiner(imp: Importer, stmt: Stmt) -> str:
+    """The op of a region that combines its two arguments and returns it."""
+    body = [s.op for s in stmt.region if s.op not in ("stablehlo.return", "return")]
+    if len(body) != 1 or not body[0].startswith("stablehlo."):
+        raise imp.error(stmt, f"{stmt.op}: only a region of one add, maximum, minimum, and or or is supported")
+    return body[0].removeprefix("stablehlo.")
+
+
 def unsupported(funcs: dict[str, Func]) -> dict[str, tuple[int, int]]:
     """Op name -> (count, first line) of every op no handler reads."""
     found: dict[str, tuple[int, int]] = {}

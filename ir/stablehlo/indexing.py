@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 
 from ir.core import Value
-from ir.stablehlo.basic import region_combiner
-from ir.stablehlo.importer import Importer, Scope, handles
+from ir.stablehlo.importer import Importer, Scope, handles, region_combiner
 from ir.stablehlo.reader import Stmt
 
 GATHER_FIELDS = ("offset_dims", "collapsed_slice_dims", "operand_batching_dims", "start_indices_batching_dims",

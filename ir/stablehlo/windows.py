@@ -30,8 +30,8 @@ import re
 import numpy as np
 
 from ir.core import Value
-from ir.stablehlo.basic import COMBINERS, is_identity, region_combiner
-from ir.stablehlo.importer import Importer, Scope, handles
+from ir.stablehlo.basic import COMBINERS, is_identity
+from ir.stablehlo.importer import Importer, Scope, handles, region_combiner
 from ir.stablehlo.reader import Stmt
 
 FLIPPED = {"ge": "le", "gt": "lt", "le": "ge", "lt": "gt"}
