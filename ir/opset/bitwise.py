@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ir.core import DTYPE_BYTES, FLOAT_DTYPES, INT_DTYPES, NUMPY_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import AttrSpec, OpDef, Types, attr_dtype, register, require
+from ir.opdef import AttrSpec, OpDef, Types, attr_dtype, register, require
 from ir.opset.elementwise import elementwise_cost, elementwise_factors, same_shapes
 
 BITWISE_DTYPES = INT_DTYPES | {"bool"}

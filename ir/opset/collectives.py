@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

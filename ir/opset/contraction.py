@@ -17,7 +17,7 @@ import string
 import numpy as np
 
 from ir.core import Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

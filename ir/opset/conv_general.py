@@ -61,7 +61,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ir.core import Attrs, Mesh, TensorType
-from ir.ops import AttrSpec, FactorRule, OpCost, OpDef, Types, attr_int, attr_ints, io_bytes, register, require
+from ir.opdef import AttrSpec, FactorRule, OpCost, OpDef, Types, attr_int, attr_ints, io_bytes, register, require
 from ir.opset.windows import (
     attr_bools,
     attr_pairs,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ir.core import FLOAT_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

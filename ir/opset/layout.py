@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ir.core import DTYPE_BYTES, NUMPY_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ir.core import Attrs, Mesh, TensorType
-from ir.ops import (
+from ir.opdef import (
     AttrSpec,
     FactorRule,
     OpCost,
