@@ -129,7 +129,7 @@ def check(paths: list[str]) -> list[SpecCheck]:
 
 
 def check_report(results: list[SpecCheck], seconds: float) -> dict[str, Any]:
-    """The `shardplan check --json` object (schema in the README)."""
+    """The `shardplan check --json` object (schema in docs/json.md)."""
     return {
         "passed": all(r.passed for r in results),
         "time_s": seconds,

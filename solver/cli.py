@@ -1,7 +1,7 @@
 """The `shardplan` command line.
 
 Every subcommand prints a readable report, or JSON with `--json` (schemas in
-the README). Bad input (a missing file, malformed IR, an unknown op, a shape
+docs/json.md). Bad input (a missing file, malformed IR, an unknown op, a shape
 mismatch) is reported in one line naming the file, line and column, with exit
 status 1; usage errors exit with 2. A Python traceback means a bug in
 shardplan: `--traceback` shows it.
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", help="IR text file, e.g. examples/mlp.ir")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         "groups.",
     )
     p.add_argument("spec", help="YAML spec, e.g. specs/mlp.yaml")
-    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
     p.add_argument("--dot", type=int, metavar="COLOR", help="print the Graphviz DOT graph of one color instead")
     p.set_defaults(func=cmd_explain)
 
@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep resharded values (e.g. all_gathered parameters) for later uses instead of "
                        "resharding at each use")
         if name == "plan":
-            p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+            p.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
         else:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                    help="time limit of each backend on each auto tactic (default: the spec's, else 60)")
     _search_arguments(p)
-    p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (README)")
+    p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (docs/json.md)")
     p.set_defaults(func=cmd_compare)
 
     _iopddl_parser(sub)
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help=summary, description=summary[0].upper() + summary[1:] + ". Exit 0 when "
                        "all do, 4 when one does not, 1 when a spec cannot be read or planned.")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files or directories of them, e.g. specs/")
-    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
     p.set_defaults(func=cmd_check)
     return parser
 
@@ -367,7 +367,7 @@ def _iopddl_parser(sub) -> None:
                    help="stop after N neighbourhoods (with --workers 1, a reproducible search)")
     s.add_argument("--out", metavar="FILE", help="write {\"instance\", \"cost\", \"strategies\"} to FILE")
     s.add_argument("--quiet", action="store_true", help="no progress line on the terminal")
-    s.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    s.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
     s.set_defaults(func=cmd_iopddl_solve)
     e = verbs.add_parser("eval", help="evaluate a solution: exact cost, peak usage, feasibility",
                          description="Evaluate a solution of an IOPDDL instance exactly: its cost (unbounded "
@@ -375,7 +375,7 @@ def _iopddl_parser(sub) -> None:
                          "and the forbidden choices. Exit 1 when it is infeasible.")
     e.add_argument("file", help="instance (.json or .json.gz)")
     e.add_argument("solution", help="JSON list of strategy indices, or the object `solve --out` writes")
-    e.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    e.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
     e.set_defaults(func=cmd_iopddl_eval)
 
 
@@ -386,7 +386,7 @@ def _export_parser(sub) -> None:
     _plan_arguments(p)
     p.add_argument("--format", choices=("python", "json", "mlir"), default="python",
                    help="python (default): a snippet defining mesh, in_shardings and out_shardings to paste "
-                   "before jax.jit(f, in_shardings=..., out_shardings=...); json: the same as data (README); "
+                   "before jax.jit(f, in_shardings=..., out_shardings=...); json: the same as data (docs/json.md); "
                    "mlir: for an imported spec (model.stablehlo), its module with the whole plan as Shardy "
                    "annotations (every value of @main constrained), which XLA compiles as planned")
     p.add_argument("-o", "--output", metavar="FILE", help="write the snippet (or JSON) to FILE")

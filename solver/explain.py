@@ -1,7 +1,7 @@
 """`shardplan explain`: the Named Dimension Analysis of a spec's program, as a
 report (text or JSON) or as a Graphviz DOT graph of one color.
 
-The JSON schema is documented in the README ("shardplan explain --json").
+The JSON schema is documented in docs/json.md ("shardplan explain --json").
 """
 
 from __future__ import annotations

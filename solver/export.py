@@ -25,7 +25,7 @@ def partition_spec(sharding: list[list[str]]) -> list[Entry]:
 
 
 def export_json(report: dict[str, Any]) -> dict[str, Any]:
-    """The `shardplan export --format json` object (schema in the README)."""
+    """The `shardplan export --format json` object (schema in docs/json.md)."""
     return {
         "spec": report["spec"],
         "source": report["source"],

@@ -134,8 +134,8 @@ def _spec_schedule(spec: Spec, name: str | None, solver: str, overrides: SearchO
     autos = [t for t in tactics if isinstance(t, Auto)]
     if solver == "none":
         if not tactics and not pinned:  # the program's own constraints are a schedule too
-            raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` or `schedules:` (see the "
-                          "README), or choose a search backend with --solver")
+            raise IRError(f"{spec.source}: no schedule: add tactics under `schedule:` or `schedules:` (see "
+                          "docs/specs.md), or choose a search backend with --solver")
         return [overrides.apply(t, t.solver) if isinstance(t, Auto) else t for t in tactics], []
     if autos:
         return [overrides.apply(t, solver) if isinstance(t, Auto) else t for t in tactics], []
@@ -184,7 +184,7 @@ def collective_counts(lowered: Lowered) -> dict[str, int]:
 
 
 def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
-    """The `shardplan plan --json` object (schema in the README)."""
+    """The `shardplan plan --json` object (schema in docs/json.md)."""
     fn, mesh = planned.model.function, planned.sharding.mesh
 
     def tensor(name: str, ty, dims) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
 
 
 def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
-    """The `cost` object of `shardplan plan --json` (schema in the README)."""
+    """The `cost` object of `shardplan plan --json` (schema in docs/json.md)."""
     cost = assessment.cost
     return {
         "hardware": hardware,

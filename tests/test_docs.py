@@ -1,17 +1,38 @@
-"""The docs stay true: README commands, op table, CI script."""
+"""The docs stay true: README commands and links, the reference pages in docs/
+(op table, JSON fields, specs), the CI script, the markers the bench scripts write between."""
 
+import json
 import re
 
-from conftest import ROOT
+import pytest
+from conftest import ROOT, shardplan
 
 from ir import ops
 
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+PAGES = ["cli.md", "json.md", "specs.md", "ir.md", "iopddl.md"]
+
+
+def page(name: str) -> str:
+    return (DOCS / name).read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """The text under `heading` (a whole line, e.g. "## Op kinds") up to the next heading of its level or above."""
+    level = heading.split(" ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1]
+    stops = [m.start() for m in re.finditer(r"^(#+) ", body, re.M) if len(m.group(1)) <= len(level)
+             and not _in_code(body, m.start())]
+    return body[:stops[0]] if stops else body
+
+
+def _in_code(text: str, pos: int) -> bool:
+    return text[:pos].count("\n```") % 2 == 1
 
 
 def quick_start_commands() -> list[str]:
-    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    return re.findall(r"```sh\n(.*?)\n```", section(README, "## Quick start"), re.S)
 
 
 def test_quick_start_has_exactly_two_commands():
@@ -31,20 +52,101 @@ def test_quick_start_input_exists():
     assert (ROOT / argument).is_file()
 
 
-def test_readme_op_table_lists_every_registered_kind():
-    table = README.split("### Op kinds", 1)[1].split("\n## ", 1)[0]
+def test_op_table_lists_every_registered_kind():
+    table = section(page("ir.md"), "## Op kinds")
     documented = set(re.findall(r"`([a-z_0-9]+)`", table))
     missing = sorted(set(ops.REGISTRY) - documented)
-    assert not missing, f"README op table lacks {missing}"
+    assert not missing, f"docs/ir.md's op table lacks {missing}"
 
 
-def test_readme_complete_spec_example_is_the_bundled_mlp_spec():
-    section = README.split("### Named schedules and expectations", 1)[1].split("\n### ", 1)[0]
-    (example,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+def test_complete_spec_example_is_the_bundled_mlp_spec():
+    text = section(page("specs.md"), "## Named schedules and expectations")
+    (example,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
     assert example == (ROOT / "specs" / "mlp.yaml").read_text()
 
 
-def test_readme_bundled_spec_table_lists_every_spec():
-    table = README.split("### Bundled specs", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+def test_bundled_spec_table_lists_every_spec():
+    table = section(page("specs.md"), "## Bundled specs")
     listed = set(re.findall(r"`([a-z0-9_]+)\.yaml`", table))
     assert listed == {p.stem for p in (ROOT / "specs").glob("*.yaml")}
+
+
+def _subcommands() -> set[str]:
+    from solver.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.choices and a.dest == "command"]
+    return set(sub.choices)
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/cli.md"])
+def test_command_tables_list_every_command(where):
+    text = (ROOT / where).read_text()
+    listed = set(re.findall(r"^\| `shardplan ([a-z]+)", text, re.M))
+    assert listed == _subcommands(), where
+
+
+def _json_table(intro: str) -> str:
+    """The field table that follows the line starting with `intro` in docs/json.md."""
+    after = page("json.md").split(intro, 1)[1]
+    return re.search(r"\n(\|.*?)\n(?!\|)", after, re.S).group(1)
+
+
+def _documented(table: str) -> set[str]:
+    """The field names of a table's first column (`a`, `b` in one cell count as two)."""
+    names = set()
+    for row in table.splitlines()[2:]:
+        names |= set(re.findall(r"`([^`]+)`", row.split("|")[1]))
+    return names
+
+
+def test_run_json_fields_are_documented(capsys):
+    code, out, _ = shardplan(capsys, "run", ROOT / "examples" / "mlp.ir", "--json")
+    assert code == 0
+    data = json.loads(out)
+    documented = _documented(_json_table("`shardplan run FILE --json`"))
+    fields = set(data) | {f"outputs[].{k}" for k in data["outputs"][0]}
+    assert fields == documented
+
+
+def test_plan_json_fields_are_documented(capsys):
+    code, out, _ = shardplan(capsys, "plan", ROOT / "specs" / "mlp.yaml", "--json")
+    assert code == 0
+    data = json.loads(out)
+    documented = _documented(_json_table("`shardplan plan SPEC --json`"))
+    tops = {name.split(".")[0].removesuffix("[]") for name in documented}
+    assert set(data) == tops
+    for group in ("cost", "plan"):
+        listed = {name.split(".", 1)[1].removesuffix("[]") for name in documented if name.startswith(f"{group}.")}
+        assert set(data[group]) == listed, group
+
+
+def test_bench_scripts_find_their_markers_in_the_readme():
+    for script in ("compare.py", "iopddl.py"):
+        source = (ROOT / "bench" / script).read_text()
+        (begin, end) = re.search(r'^BEGIN, END = "([^"]+)", "([^"]+)"', source, re.M).groups()
+        assert README.count(begin) == 1 and README.count(end) == 1, script
+        assert README.index(begin) < README.index(end), script
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    headings = [m.group(1) for m in re.finditer(r"^#+ (.*)$", text, re.M) if not _in_code(text, m.start())]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("where", ["README.md"] + [f"docs/{p}" for p in PAGES])
+def test_relative_links_reach_a_file_and_heading(where):
+    path = ROOT / where
+    text = path.read_text()
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue  # an absolute URL
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), f"{where}: {target}"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked.read_text()), f"{where}: {target}"

@@ -49,7 +49,7 @@ def build_error(tmp_path, text: str) -> tuple[str, str]:
 # ------------------------------------------------------------ bundled specs
 
 
-# The paper settings of the model suite (the README's table of bundled specs).
+# The paper settings of the model suite (the table of bundled specs in docs/specs.md).
 PAPER_SPECS = {
     "mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l",
     "gemma_2b_tpuv3", "gemma_2b_a100", "gemma_7b_tpuv3", "gemma_7b_a100",
