@@ -24,10 +24,10 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from solver.compare import compare, search_seconds  # noqa: E402
-from solver.planner import SearchOverrides  # noqa: E402
-from solver.search import Progress  # noqa: E402
-from solver.spec import load_spec  # noqa: E402
+from solver.frontend.compare import compare, search_seconds  # noqa: E402
+from solver.planning.planner import SearchOverrides  # noqa: E402
+from solver.planning.spec import load_spec  # noqa: E402
+from solver.search.report import Progress  # noqa: E402
 
 ROOT = _HERE.parent
 BEGIN, END = "<!-- compare-table:begin -->", "<!-- compare-table:end -->"

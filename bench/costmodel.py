@@ -31,9 +31,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 from costmodel.evaluate import evaluate  # noqa: E402
 from costmodel.table import CostTable  # noqa: E402
 from ir.lower import lower  # noqa: E402
-from solver.planner import plan_spec  # noqa: E402
-from solver.spec import load_spec  # noqa: E402
-from solver.tactics import FIRST_DIVISIBLE, Manual, apply_schedule  # noqa: E402
+from solver.planning.planner import plan_spec  # noqa: E402
+from solver.planning.spec import load_spec  # noqa: E402
+from solver.planning.tactics import FIRST_DIVISIBLE, Manual, apply_schedule  # noqa: E402
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "chinchilla_32l.yaml"
 

@@ -29,9 +29,9 @@ from ir.core import Mesh  # noqa: E402
 from ir.models import transformer  # noqa: E402
 from ir.models.presets import PRESETS  # noqa: E402
 from ir.nda import analyze  # noqa: E402
-from solver.cpsat import CpSatOptions, solve  # noqa: E402
-from solver.space import SearchSpace  # noqa: E402
-from solver.tactics import FIRST_DIVISIBLE, Manual, apply_schedule  # noqa: E402
+from solver.planning.tactics import FIRST_DIVISIBLE, Manual, apply_schedule  # noqa: E402
+from solver.search.cpsat import CpSatOptions, solve  # noqa: E402
+from solver.search.space import SearchSpace  # noqa: E402
 
 MESHES = {"batch8-model4": dict(batch=8, model=4), "data2-seq8-model4": dict(data=2, seq=8, model=4)}
 MODELS = {  # name -> (preset, layers, hardware)

@@ -25,8 +25,8 @@ _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
 
 from ir.stablehlo import load_stablehlo  # noqa: E402
-from solver.planner import collective_counts, plan_spec  # noqa: E402
-from solver.spec import load_spec  # noqa: E402
+from solver.planning.planner import collective_counts, plan_spec  # noqa: E402
+from solver.planning.spec import load_spec  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LARGEST_FIXTURE = ROOT / "tests" / "fixtures" / "real" / "gpt2_dropout_train.mlir"

@@ -1,5 +1,5 @@
 """The IOPDDL contest instances (ASPLOS 2025, ../shared/iopddl/) solved by
-solver/iopddl.py at the contest's time limit for each instance, against the
+solver/iopddl/ at the contest's time limit for each instance, against the
 best known cost (the contest's final results) and XLA's own auto-sharding
 solver where its cost was published.
 

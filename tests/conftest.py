@@ -12,7 +12,7 @@ sys.path.insert(0, str(TESTS))
 
 def shardplan(capsys, *argv):
     """Run the CLI in-process: (exit code, stdout, stderr)."""
-    from solver import cli
+    from solver.frontend import cli
 
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()

@@ -1,5 +1,5 @@
 """The plan written back into the imported module as Shardy annotations
-(solver/annotate.py, `shardplan export --format mlir`): what is annotated,
+(solver/frontend/annotate.py, `shardplan export --format mlir`): what is annotated,
 and that the annotated module still imports to the planned program. XLA
 running it is tests/test_xla_collectives.py's part."""
 
@@ -9,9 +9,9 @@ import pytest
 from conftest import ROOT, shardplan
 
 from ir.stablehlo import import_module, import_stablehlo
-from solver.annotate import annotate_planned, sdy_dims
-from solver.planner import plan_spec
-from solver.spec import load_spec
+from solver.frontend.annotate import annotate_planned, sdy_dims
+from solver.planning.planner import plan_spec
+from solver.planning.spec import load_spec
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

@@ -5,7 +5,7 @@ import json
 
 from conftest import ROOT, shardplan
 
-from solver import cli
+from solver.frontend import cli
 
 MLP = (ROOT / "specs" / "mlp.yaml").read_text()
 

@@ -10,7 +10,7 @@ from conftest import EXAMPLES, ROOT, shardplan
 
 from ir.interpret import random_inputs, run
 from ir.text import parse_file
-from solver import cli
+from solver.frontend import cli
 
 
 def test_help_lists_subcommands(capsys):
@@ -92,8 +92,8 @@ def test_missing_file_is_a_one_line_error(capsys, tmp_path):
 def test_console_entry_point_never_prints_a_traceback(tmp_path):
     path = tmp_path / "bad.ir"
     path.write_text("func @f() -> () {\n  %y = full() {shape = [2], value = 1.0} : tensor<2xf32>\n  return\n}")
-    proc = subprocess.run([sys.executable, "-m", "solver.cli", "run", str(path)], capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "solver.frontend.cli", "run", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "missing required attribute 'dtype'" in proc.stderr

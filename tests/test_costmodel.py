@@ -25,7 +25,7 @@ from ir.lower import lower
 from ir.models import build
 from ir.nda import analyze
 from ir.text import parse
-from solver.tactics import FIRST_DIVISIBLE, Manual, apply_schedule
+from solver.planning.tactics import FIRST_DIVISIBLE, Manual, apply_schedule
 
 PEAK = 1e12  # f32 flop/s
 HBM = 100e9  # bytes/s

@@ -19,10 +19,10 @@ from ir.core import Mesh
 from ir.lower import LoweringError, lower
 from ir.models import build
 from ir.nda import analyze
-from solver.cpsat import CpSatOptions, solve
 from solver.plan import Plan
-from solver.space import SearchSpace
-from solver.tactics import Manual, apply_schedule
+from solver.planning.tactics import Manual, apply_schedule
+from solver.search.cpsat import CpSatOptions, solve
+from solver.search.space import SearchSpace
 
 BIG_TRANSFORMER = dict(layers=1, d_model=1024, heads=16, head_dim=64, mlp_hidden=4096, vocab=8192, seq=512, batch=8)
 

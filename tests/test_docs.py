@@ -72,7 +72,7 @@ def test_bundled_spec_table_lists_every_spec():
 
 
 def _subcommands() -> set[str]:
-    from solver.cli import build_parser
+    from solver.frontend.cli import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.choices and a.dest == "command"]

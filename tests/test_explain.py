@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import ROOT, shardplan
 
-from solver import cli
+from solver.frontend import cli
 
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 

@@ -14,9 +14,9 @@ from conftest import ROOT, shardplan
 
 from ir.core import Mesh
 from ir.interpret import shard
-from solver import cli
-from solver.export import export_python, partition_spec
-from solver.spec import load_spec
+from solver.frontend import cli
+from solver.frontend.export import export_python, partition_spec
+from solver.planning.spec import load_spec
 
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 MLP = ROOT / "specs" / "mlp.yaml"

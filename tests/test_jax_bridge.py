@@ -1,4 +1,4 @@
-"""plan_jax (solver/jax_bridge.py): a jax function in, its plan compiled by
+"""plan_jax (solver/frontend/jax_bridge.py): a jax function in, its plan compiled by
 XLA out, on 8 simulated CPU devices in a process of its own (XLA reads the
 device count when jax is first imported); skipped without the `jax` extra."""
 
@@ -15,7 +15,7 @@ pytest.importorskip("jax")
 SCRIPT = r'''
 import json, sys
 import numpy as np, jax, jax.numpy as jnp
-from solver.jax_bridge import auto_mesh, plan_jax, xla_collectives
+from solver.frontend.jax_bridge import auto_mesh, plan_jax, xla_collectives
 
 def loss(params, batch):
     h = jax.nn.relu(batch["x"] @ params["w1"])

@@ -1,6 +1,7 @@
 """The import graph of ir, costmodel and solver: `ir` <- `costmodel` <-
-`solver`, and no cycle, counting imports inside functions too (a lazy
-import is still a dependency)."""
+`solver`, inside solver `plan` <- `search` <- `planning` <- `frontend`
+(`iopddl` apart, used only by the front end), and no cycle, counting
+imports inside functions too (a lazy import is still a dependency)."""
 
 import ast
 import collections
@@ -8,6 +9,8 @@ import collections
 from conftest import ROOT
 
 LAYERS = {"ir": 0, "costmodel": 1, "solver": 2}
+SOLVER_LAYERS = {"solver": 0, "solver.plan": 0, "solver.iopddl": 0, "solver.search": 1, "solver.planning": 2,
+                 "solver.frontend": 3}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -67,6 +70,27 @@ def test_lower_layers_never_import_higher_ones():
     upward = [(a, b) for a, targets in import_graph().items() for b in targets
               if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]]]
     assert upward == []
+
+
+def _solver_layer(module: str) -> int:
+    return SOLVER_LAYERS[".".join(module.split(".")[:2])]
+
+
+def test_solver_layers_never_import_higher_ones():
+    solver = {a: {b for b in targets if b.startswith("solver.")}
+              for a, targets in import_graph().items() if a.startswith("solver.")}
+    upward = [(a, b) for a, targets in solver.items() for b in targets if _solver_layer(b) > _solver_layer(a)]
+    assert upward == []
+    # iopddl is its own world: only the command line reaches into it, and it reaches nothing else of solver.
+    crossing = [(a, b) for a, targets in solver.items() for b in targets
+                if a.startswith("solver.iopddl") != b.startswith("solver.iopddl")]
+    assert crossing and all(a.startswith("solver.frontend.") and b.startswith("solver.iopddl") for a, b in crossing)
+
+
+def test_every_solver_module_belongs_to_a_layer():
+    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+             for p in (ROOT / "solver").rglob("*.py")}
+    assert all(".".join(n.split(".")[:2]) in SOLVER_LAYERS for n in names)
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -14,10 +14,10 @@ from test_cpsat import CASES, EXECUTION_CASES, EXECUTION_IDS, brute_force, setup
 from costmodel.evaluate import evaluate
 from ir.core import Mesh
 from ir.lower import lower
-from solver import mcts
-from solver.mcts import MctsOptions, solve
-from solver.search import SILENT
-from solver.space import Point
+from solver.search import mcts
+from solver.search.mcts import MctsOptions, solve
+from solver.search.report import SILENT
+from solver.search.space import Point
 
 
 @pytest.mark.parametrize("name,kwargs,mesh,step", CASES[:4], ids=lambda v: str(v) if isinstance(v, Mesh) else None)
@@ -157,8 +157,8 @@ class FakeTerminal:
 
 @pytest.mark.parametrize("backend", ["cpsat", "mcts"])
 def test_progress_line_on_a_terminal_only(backend):
-    from solver import cpsat
-    from solver.search import Progress
+    from solver.search import cpsat
+    from solver.search.report import Progress
 
     mesh = Mesh.of(batch=2, model=2)
     model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))

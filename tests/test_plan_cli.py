@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT, shardplan
 
 from ir.text import parse_file
-from solver import cli
+from solver.frontend import cli
 
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 
@@ -46,7 +46,7 @@ def test_lower_writes_a_verified_device_local_program(capsys, tmp_path, spec):
 
 def test_plan_cost_is_the_evaluation_of_the_lowered_program(capsys, tmp_path):
     from costmodel.evaluate import evaluate
-    from solver.spec import load_spec
+    from solver.planning.spec import load_spec
 
     spec = ROOT / "specs" / "transformer.yaml"
     _, out, _ = shardplan(capsys, "plan", spec, "--json")
@@ -124,7 +124,7 @@ def test_text_report_prints_a_repeated_layer_decision_once(capsys):
 
 
 def test_whole_color_decisions_of_repeated_layers_group_by_pattern():
-    from solver.planner import _grouped
+    from solver.planning.planner import _grouped
 
     decisions = [{"axis": "model", "color": c, "what": f"color #{c} (...)", "pattern": "layers.*.mlp.w_up[1]"}
                  for c in (7, 11, 15)] + [{"axis": "model", "color": 2, "what": "color #2 (%embed[0])",

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, shardplan
 
 from ir.interpret import run, run_spmd, shard, unshard
-from solver.planner import SearchOverrides, collective_counts, plan_spec, prepare
-from solver.spec import load_spec
+from solver.planning.planner import SearchOverrides, collective_counts, plan_spec, prepare
+from solver.planning.spec import load_spec
 
 REAL = ROOT / "tests" / "fixtures" / "real"
 NAMES = ["gpt2_train", "gpt2_dropout_train", "llama_train", "gemma_train", "cnn_train", "mlp_train_flax",

@@ -15,8 +15,8 @@ from ir.core import Mesh
 from ir.models import build
 from ir.nda import analyze
 from solver.plan import Plan
-from solver.space import Point, SearchSpace
-from solver.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, apply_schedule
+from solver.planning.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, apply_schedule
+from solver.search.space import Point, SearchSpace
 
 MESH = Mesh.of(batch=2, model=2)
 SCHEDULES = {  # data input -> tactics before the auto tactic

@@ -8,7 +8,7 @@ from conftest import ROOT
 
 from costmodel.hardware import PRESET_NAMES, PRESETS, Hardware
 from ir.core import Mesh
-from solver.spec import SpecError, load_spec, parse_spec
+from solver.planning.spec import SpecError, load_spec, parse_spec
 
 BUNDLED = sorted((ROOT / "specs").glob("*.yaml"))
 MODEL = "model: {builder: mlp}\n"

@@ -10,8 +10,8 @@ from spmd_check import assert_lowering_matches
 from ir.interpret import run
 from ir.nda import analyze
 from ir.stablehlo import SUPPORTED, StableHLOError, import_stablehlo, load_stablehlo
-from solver.planner import collective_counts, plan_spec
-from solver.spec import SpecError, load_spec, parse_spec
+from solver.planning.planner import collective_counts, plan_spec
+from solver.planning.spec import SpecError, load_spec, parse_spec
 
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ("mlp_train", "transformer_train")

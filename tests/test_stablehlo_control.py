@@ -10,8 +10,8 @@ from spmd_check import assert_lowering_matches
 
 from ir.interpret import run
 from ir.stablehlo import StableHLOError, import_module, import_stablehlo, load_stablehlo
-from solver.planner import SearchOverrides, plan_spec
-from solver.spec import SpecError, load_spec
+from solver.planning.planner import SearchOverrides, plan_spec
+from solver.planning.spec import SpecError, load_spec
 
 SMALL = ROOT / "tests" / "fixtures" / "stablehlo"
 

@@ -13,9 +13,9 @@ from ir.lower import lower
 from ir.models import build
 from ir.nda import analyze
 from solver.plan import Plan
-from solver.planner import collective_counts, plan_spec
-from solver.spec import load_spec, parse_spec
-from solver.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, TacticError, apply_schedule
+from solver.planning.planner import collective_counts, plan_spec
+from solver.planning.spec import load_spec, parse_spec
+from solver.planning.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, TacticError, apply_schedule
 
 SMALL = dict(layers=2, d_model=8, heads=2, head_dim=4, mlp_hidden=12, vocab=10, seq=4, batch=4)
 MESH = Mesh.of(batch=2, model=2)
@@ -110,7 +110,7 @@ def test_tactic_errors_name_the_problem_and_the_valid_choices(tactic, message):
 
 
 def test_auto_tactic_needs_a_search_backend():
-    from solver.tactics import Auto
+    from solver.planning.tactics import Auto
 
     model = build("mlp")
     with pytest.raises(TacticError, match="schedule.0.auto: an auto tactic needs a search backend"):

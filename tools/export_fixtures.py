@@ -23,6 +23,7 @@ pytree paths the way shardplan's builders name theirs (`w1`,
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 
@@ -201,7 +202,11 @@ def export(name: str, out: pathlib.Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    out = pathlib.Path(argv[0]) if argv else pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", type=pathlib.Path,
+                        default=pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures",
+                        help="where to write the fixtures (default: tests/fixtures)")
+    out = parser.parse_args(argv).out_dir
     out.mkdir(parents=True, exist_ok=True)
     for name in PROGRAMS:
         export(name, out)

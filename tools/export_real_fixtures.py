@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import transformers  # noqa: E402
 
-from solver.jax_bridge import path_name  # noqa: E402
+from solver.frontend.jax_bridge import path_name  # noqa: E402
 
 PINNED = {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "transformers": "4.57.6"}
 VERSIONS = {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,

@@ -3,7 +3,7 @@ the collectives XLA inserts (needs jax; the test that uses it skips without).
 
     python tools/xla_collectives.py tests/fixtures/transformer_train.yaml --schedule BP+MP
 
-Plans the spec's schedule, exports it (`solver.export.export_json`), jits the
+Plans the spec's schedule, exports it (`solver.frontend.export.export_json`), jits the
 fixture's jax step (tools/export_fixtures.py) on 8 simulated CPU devices with
 those in_shardings and out_shardings, and prints one JSON object:
 
@@ -19,6 +19,7 @@ process of its own.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -37,9 +38,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import export_fixtures  # noqa: E402
 
-from solver.export import export_json  # noqa: E402
-from solver.planner import collective_counts, plan_report, plan_spec  # noqa: E402
-from solver.spec import load_spec  # noqa: E402
+from solver.frontend.export import export_json  # noqa: E402
+from solver.planning.planner import collective_counts, plan_report, plan_spec  # noqa: E402
+from solver.planning.spec import load_spec  # noqa: E402
 
 XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
              "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
@@ -87,8 +88,12 @@ def compare(spec_path: str, schedule: str | None) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    schedule = argv[argv.index("--schedule") + 1] if "--schedule" in argv else None
-    print(json.dumps(compare(argv[0], schedule), indent=2))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="a fixture's spec (tests/fixtures/*.yaml)")
+    parser.add_argument("--schedule", help="the schedule to plan (default: the spec's first)")
+    args = parser.parse_args(argv)
+    print(json.dumps(compare(args.spec, args.schedule), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Does XLA run the plan shardplan chose? For each fixture and plan, compile
 the annotated module (the plan written back as Shardy annotations,
-`solver.annotate`) on 8 XLA CPU devices, run it on the fixture's inputs,
+`solver.frontend.annotate`) on 8 XLA CPU devices, run it on the fixture's inputs,
 and compare XLA's collectives with shardplan's, kind by kind.
 
     python tools/xla_plan_check.py                   # print the table
@@ -43,11 +43,11 @@ import numpy as np  # noqa: E402
 
 from costmodel.hardware import PRESETS  # noqa: E402
 from ir.ops import get  # noqa: E402
-from solver.annotate import annotate_planned  # noqa: E402
-from solver.jax_bridge import auto_mesh, compile_annotated, xla_collectives  # noqa: E402
-from solver.planner import SearchOverrides, plan_spec, prepare  # noqa: E402
-from solver.search import NoPlanFits  # noqa: E402
-from solver.spec import load_spec, parse_spec  # noqa: E402
+from solver.frontend.annotate import annotate_planned  # noqa: E402
+from solver.frontend.jax_bridge import auto_mesh, compile_annotated, xla_collectives  # noqa: E402
+from solver.planning.planner import SearchOverrides, plan_spec, prepare  # noqa: E402
+from solver.planning.spec import load_spec, parse_spec  # noqa: E402
+from solver.search.report import NoPlanFits  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",

@@ -1,5 +1,5 @@
 """TOAST's Monte-Carlo Tree Search (section 4 of the paper) over an auto
-tactic's search space (`solver.space`), priced by the shared cost table.
+tactic's search space (`solver.search.space`), priced by the shared cost table.
 
 Actions. An action is (color group, resolution of the group's conflicts,
 mesh axis): shard every color of the group along the axis, and fix the bit
@@ -77,8 +77,8 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
-from solver.search import SILENT, AutoResult, Progress, no_fit_message, report_json
-from solver.space import Point, SearchSpace
+from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
+from solver.search.space import Point, SearchSpace
 
 # An action fixes the bits of at most this many resolution classes (2**this variants).
 _RESOLVED_CLASSES = 3

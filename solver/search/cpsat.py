@@ -1,5 +1,5 @@
 """The CP-SAT backend: an exact constraint model of an auto tactic's search
-space (`solver.space`) whose objective is the shared cost model.
+space (`solver.search.space`) whose objective is the shared cost model.
 
 Variables (DESIGN.md, "Search backends"):
 
@@ -61,8 +61,8 @@ from ortools.sat.python import cp_model
 from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import flowing_partial
-from solver.search import SILENT, AutoResult, Progress, no_fit_message, report_json
-from solver.space import FREE, Point, SearchSpace
+from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
+from solver.search.space import FREE, Point, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
 _ENUMERATION_BITS = 14

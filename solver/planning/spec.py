@@ -77,7 +77,7 @@ from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
 from ir.stablehlo import import_module
-from solver.tactics import Auto, Manual, Replicate, Resolve, Tactic
+from solver.planning.tactics import Auto, Manual, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
 # PartitionSpecs, where plain identifiers need no quoting.

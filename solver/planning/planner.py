@@ -21,9 +21,9 @@ from ir.models.base import Model
 from ir.nda import NDA, analyze
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
-from solver.search import SILENT, NoPlanFits, Progress
-from solver.spec import COLLECTIVE_KINDS, Spec
-from solver.tactics import Auto, Pin, Tactic, apply_schedule
+from solver.planning.spec import COLLECTIVE_KINDS, Spec
+from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
+from solver.search.report import SILENT, NoPlanFits, Progress
 
 SOLVERS = ("none", "cpsat", "mcts")
 
@@ -154,8 +154,8 @@ class _Search:
 
     def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
         from costmodel.table import CostTable
-        from solver import cpsat, mcts
-        from solver.space import SearchSpace
+        from solver.search import cpsat, mcts
+        from solver.search.space import SearchSpace
 
         if self._table is None:
             self._table = CostTable(self.model.function, self.nda, self.mesh, self.hardware)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.core import IRError
-from solver.planner import collective_counts, format_seconds, plan_spec, prepare
-from solver.spec import COLLECTIVE_KINDS, Expectation, load_spec
+from solver.planning.planner import collective_counts, format_seconds, plan_spec, prepare
+from solver.planning.spec import COLLECTIVE_KINDS, Expectation, load_spec
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ jax (an optional extra: `pip install shardplan[jax]`).
 writes that text and a spec beside it into `workdir` (a temporary folder by
 default), so the same plan can be re-run from the command line (`shardplan
 plan WORKDIR/step.yaml`), plans it, writes the plan back into the module as
-Shardy annotations (`solver.annotate`) and compiles that module. Argument
+Shardy annotations (`solver.frontend.annotate`) and compiles that module. Argument
 names are the pytree paths of `args` (`0.layers.3.wq`, `2.tokens`).
 
 `compile_annotated` compiles any annotated module for a mesh: the tools
@@ -34,9 +34,9 @@ from jax._src.lib.mlir import ir as mlir_ir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from solver.annotate import annotate_planned
-from solver.planner import Planned, plan_spec
-from solver.spec import load_spec
+from solver.frontend.annotate import annotate_planned
+from solver.planning.planner import Planned, plan_spec
+from solver.planning.spec import load_spec
 
 # HLO collective op names -> ours.
 XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
@@ -58,7 +58,7 @@ def partition_spec(dims: Sequence[Sequence[str]]) -> P:
 def compile_annotated(text: str, mesh: jax.sharding.Mesh, args: Any, out_shapes: Any,
                       in_dims: Sequence[Sequence[Sequence[str]]],
                       out_dims: Sequence[Sequence[Sequence[str]]]) -> jax.stages.Compiled:
-    """Compile an annotated module (`solver.annotate`) whose @main takes the
+    """Compile an annotated module (`solver.frontend.annotate`) whose @main takes the
     leaves of `args` and returns the leaves of `out_shapes` (pytrees of
     arrays or ShapeDtypeStructs), sharded per dimension as `in_dims` and
     `out_dims` say. The result is called like a jitted function of `args`.
@@ -163,7 +163,7 @@ class JaxPlan:
     workdir: pathlib.Path
 
     def summary(self) -> str:
-        from solver.planner import collective_counts, format_cost, plan_report
+        from solver.planning.planner import collective_counts, format_cost, plan_report
 
         report = plan_report(self.planned, "")
         counts = ", ".join(f"{k} {v}" for k, v in collective_counts(self.planned.lowered).items() if v)

@@ -24,7 +24,7 @@ decisions come after, and earlier decisions win on a contended axis).
                          lists the classes and what each resolution shards).
   Auto(axes, solver, ...) run a search backend on the given axes, after the
                          earlier tactics (their decisions stay fixed); the
-                         caller supplies the backend (`solver.planner`), since
+                         caller supplies the backend (`solver.planning.planner`), since
                          a search needs the cost model.
 """
 
@@ -107,7 +107,7 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
                 _check_axis(mesh, axis, where)
             if search is None:
                 raise TacticError(f"{where}: an auto tactic needs a search backend and the cost model; "
-                                  "run the schedule through solver.planner.plan_spec")
+                                  "run the schedule through solver.planning.planner.plan_spec")
             plan = search(plan, tactic, where)
     return plan
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ir.core import IRError
 from ir.nda import NDA, analyze
-from solver.spec import Spec
+from solver.planning.spec import Spec
 
 EXAMPLES_PER_COLOR = 3
 LISTED = 20  # the text report lists this many of each kind; JSON lists all

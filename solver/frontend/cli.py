@@ -108,8 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from solver.explain import color_dot, explain, format_report
-    from solver.spec import load_spec
+    from solver.frontend.explain import color_dot, explain, format_report
+    from solver.planning.spec import load_spec
 
     report, nda = explain(load_spec(args.spec))
     if args.dot is not None:
@@ -123,8 +123,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _planned(args: argparse.Namespace):
     from ir.lower import LowerOptions
-    from solver.planner import SearchOverrides, plan_spec
-    from solver.spec import load_spec
+    from solver.planning.planner import SearchOverrides, plan_spec
+    from solver.planning.spec import load_spec
 
     overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations)
     return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
@@ -132,13 +132,13 @@ def _planned(args: argparse.Namespace):
 
 
 def _progress(args: argparse.Namespace):
-    from solver.search import Progress
+    from solver.search.report import Progress
 
     return Progress(sys.stderr, enabled=False if args.quiet else None)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from solver.planner import format_plan, plan_report
+    from solver.planning.planner import format_plan, plan_report
 
     report = plan_report(_planned(args), args.solver)
     print(json.dumps(report, indent=2) if args.json else format_plan(report), end="\n" if args.json else "")
@@ -162,8 +162,8 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from solver.export import export_json, export_python
-    from solver.planner import plan_report
+    from solver.frontend.export import export_json, export_python
+    from solver.planning.planner import plan_report
 
     planned = _planned(args)
     report = plan_report(planned, args.solver)
@@ -173,7 +173,7 @@ def cmd_export(args: argparse.Namespace) -> int:
               f"GiB per device, capacity {cost['capacity_bytes'] / 2**30:.3g} GiB (see shardplan plan)",
               file=sys.stderr)
     if args.format == "mlir":
-        from solver.annotate import annotate_planned
+        from solver.frontend.annotate import annotate_planned
 
         try:
             text = annotate_planned(planned)
@@ -186,9 +186,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from solver.compare import BACKENDS, compare, format_compare
-    from solver.planner import SearchOverrides
-    from solver.spec import load_spec
+    from solver.frontend.compare import BACKENDS, compare, format_compare
+    from solver.planning.planner import SearchOverrides
+    from solver.planning.spec import load_spec
 
     spec = load_spec(args.spec)
     overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations)
@@ -201,7 +201,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from solver.check import check, check_report, format_check
+    from solver.frontend.check import check, check_report, format_check
 
     start = time.perf_counter()
     results = check(args.specs)

@@ -1,4 +1,4 @@
-"""What the search backends (`solver.cpsat`, `solver.mcts`) share: their
+"""What the search backends (`solver.search.cpsat`, `solver.search.mcts`) share: their
 result type, the no-fit explanation, and the live progress line."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ir.core import IRError
 from ir.lower import lower
 from ir.sharding import FactorSharding
 from solver.plan import Plan
-from solver.space import SearchSpace
+from solver.search.space import SearchSpace
 
 
 @dataclass(frozen=True, slots=True)
