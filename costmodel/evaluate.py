@@ -12,7 +12,11 @@ Every device runs the same program (SPMD), so one walk gives the step time:
         all_to_all       f * bytes / bandwidth + (n - 1) * latency
     (`all_slice` moves nothing between devices: it is a local copy and is
     costed as one);
-  - the step time is the sum (no overlap of compute and communication).
+  - ops XLA would fuse run as one kernel (`costmodel.fusion`): a kernel of
+    several ops takes max(its flops / peak, its boundary bytes / HBM
+    bandwidth);
+  - the step time is the sum over kernels (no overlap of compute and
+    communication).
 
 Peak memory: values live from the op that defines them to their last use;
 parameters (weights, optimizer state, inputs) and results live throughout.
@@ -33,6 +37,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from costmodel.fusion import FUSION, fuse, fused_time_s, kernel_members, unfused
 from costmodel.hardware import Hardware
 from ir import ops
 from ir.core import Attrs, Function, Mesh, TensorType
@@ -91,6 +96,8 @@ class Cost:
     flops: int  # per device
     seconds_by_kind: Mapping[str, float] = field(default_factory=dict)  # op kind -> seconds, collectives included
     collective_counts: Mapping[str, int] = field(default_factory=dict)
+    kernels: int = 0  # compute kernels and collectives, after fusion
+    fused_ops: int = 0  # ops running inside a kernel of several
 
     @property
     def fits(self) -> bool:
@@ -98,7 +105,7 @@ class Cost:
 
 
 def make_cost(seconds_by_kind: Mapping[str, float], peak_memory_bytes: int, flops: int,
-              collective_counts: Mapping[str, int], hardware: Hardware) -> Cost:
+              collective_counts: Mapping[str, int], hardware: Hardware, kernels: int = 0, fused_ops: int = 0) -> Cost:
     """Assemble a Cost from per-kind times (summed in kind order, so every
     producer of the same per-kind figures gets the same totals)."""
     by_kind = {k: seconds_by_kind[k] for k in sorted(seconds_by_kind)}
@@ -106,7 +113,7 @@ def make_cost(seconds_by_kind: Mapping[str, float], peak_memory_bytes: int, flop
     compute = sum(t for k, t in by_kind.items() if k not in COMMUNICATION)
     counts = {k: collective_counts.get(k, 0) for k in COMMUNICATION}
     return Cost(compute + communication, compute, communication, int(peak_memory_bytes),
-                hardware.capacity_bytes, int(flops), by_kind, counts)
+                hardware.capacity_bytes, int(flops), by_kind, counts, kernels, fused_ops)
 
 
 def peak_memory_bytes(fn: Function) -> int:
@@ -150,22 +157,40 @@ def _peak(fn: Function) -> tuple[int, int, dict]:
     return peak, at, last
 
 
-def evaluate(fn: Function, hardware: Hardware) -> Cost:
+def kernel_times(fn: Function, hardware: Hardware, fused: bool = True) -> list[tuple[str, float, int]]:
+    """Per kernel of `fn` (`costmodel.fusion.fuse`, in kernel order): the
+    kind it is reported under (the op's kind, or `fusion`), its time and its
+    flops. A kernel of one op costs what the op costs alone. `fused=False`:
+    every op a kernel of its own (the model before fusion, for comparison)."""
+    fusion = fuse(fn) if fused else unfused(fn)
+    fused = iter(kernel_members(fn, fusion))
+    out = []
+    for kernel in fusion.kernels:
+        if len(kernel) > 1:
+            seconds, flops = fused_time_s(next(fused), hardware)
+            out.append((FUSION, seconds, flops))
+        else:
+            op = fn.ops[kernel[0]]
+            seconds, flops = op_time_s(op.kind, op.attrs, [v.type for v in op.operands],
+                                       [v.type for v in op.results], fn.mesh, hardware)
+            out.append((op.kind, seconds, flops))
+    return out
+
+
+def evaluate(fn: Function, hardware: Hardware, fused: bool = True) -> Cost:
     """Step time and peak memory of a device-local program (or of a global
-    program on one device)."""
+    program on one device); `fused=False` prices every op alone."""
     by_kind: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     flops = 0
-    mesh = fn.mesh
-    for op in fn.ops:
-        operands = [v.type for v in op.operands]
-        results = [v.type for v in op.results]
-        seconds, op_flops = op_time_s(op.kind, op.attrs, operands, results, mesh, hardware)
-        by_kind[op.kind] += seconds
-        flops += op_flops
-        if op.kind in COMMUNICATION:
-            counts[op.kind] += 1
-    return make_cost(by_kind, peak_memory_bytes(fn), flops, counts, hardware)
+    kernels = kernel_times(fn, hardware, fused)
+    for kind, seconds, kernel_flops in kernels:
+        by_kind[kind] += seconds
+        flops += kernel_flops
+        if kind in COMMUNICATION:
+            counts[kind] += 1
+    fused_ops = len(fn.ops) - sum(1 for kind, _, _ in kernels if kind != FUSION)
+    return make_cost(by_kind, peak_memory_bytes(fn), flops, counts, hardware, len(kernels), fused_ops)
 
 
 def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:

@@ -6,7 +6,9 @@ A factor sharding is given as one small integer per I-class, its *code*: the
 index of its tuple of mesh axes among all ordered tuples of distinct axes
 (`CostTable.axis_tuples`; code 0 is unsharded). Then:
 
-  - an op's compute time depends only on its kind, types and attributes
+  - ops the device-local program would fuse are priced as kernels
+    (`costmodel.table_kernels`: the global program's kernels, cut where a
+    collective sits on a use); every other op's compute time depends only on its kind, types and attributes
     (its *signature*) and the codes of its factors: ops are keyed by
     (signature, factor codes) with numpy, and each distinct key is priced
     once by the registry's cost function on the local types and memoized,
@@ -44,6 +46,7 @@ import numpy as np
 
 from costmodel.evaluate import COMMUNICATION, Cost, make_cost, op_time_s
 from costmodel.hardware import Hardware
+from costmodel.table_kernels import FusedKernels
 from ir import ops
 from ir.core import Function, IRError, Mesh, TensorType
 from ir.lower import FLOWING_KINDS, LoweringError, Step, flowing_partial, redistribute_steps, reduce_steps
@@ -87,6 +90,7 @@ class CostTable:
         self._sentinel = len(nda.iclasses)  # an extra I-class that is never sharded
         self._index_values()
         self._index_edges()
+        self.op_signature_of: list[int] = []
         self._index_ops()
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
         self._chain_memo: dict[tuple, _Resharding] = {}
@@ -98,12 +102,15 @@ class CostTable:
         self.op_vids = [[self.edge_vid_of[e] for e in es] for es in self.op_edges]
         self.first_user = [us[0] if us else -1 for us in self.users]
         self.use_count_of = self.use_count.tolist()
-        self.op_signature_of = self.op_signature.tolist()
         # The user a partial sum can flow through: its only use, of a kind that may carry it. At any
         # other user (or with several uses) it is reduced, which `communication` finds.
         self.can_flow = [op.kind in FLOWING_KINDS for op in fn.ops]
         self.flow_users = [us if len(us) == 1 and count == 1 and self.can_flow[us[0]] else []
                            for us, count in zip(self.users, self.use_count_of)]
+        self.kernels = FusedKernels(self)
+        # Ops a kernel fuses are priced with it, not alone.
+        self.op_groups = [(count, members[keep], factors[keep]) for count, members, factors in self.op_groups
+                          if (keep := ~self.kernels.fused[members]).any()]
         types: dict[TensorType, int] = {}
         self.type_id_of = [types.setdefault(v.type, len(types)) for v in self.values]
         if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
@@ -175,6 +182,7 @@ class CostTable:
             combiners = [f.combiner or "sum" for f in rule.factors if f.kind is ops.FactorKind.REDUCTION]
             self.op_combiner.append(combiners[-1] if combiners else "sum")
         self.num_signatures = len(signatures)
+        self.op_signature_of = self.op_signature.tolist()
         self.op_groups = []  # (factor count, op indices, factor I-classes)
         for count in sorted(by_count):
             members = np.array(by_count[count], dtype=np.int64)
@@ -222,8 +230,11 @@ class CostTable:
         run = _Run(self, codes, value_bytes)
         run.partial_sums()
         run.communication(by_kind)
+        cut = [c.edge for chains in run.chains.values() for c in chains]
+        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, cut, by_kind)
+        kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         peak = run.peak_memory_bytes()
-        return make_cost(by_kind, peak, flops, run.counts, self.hardware)
+        return make_cost(by_kind, peak, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops)
 
     # ------------------------------------------------------------ compute terms
 
@@ -315,6 +326,7 @@ class _Run:
         self.combiner: dict[int, str] = {}
         self.flowing_ops: set[int] = set()  # ops a partial operand flows through
         self.counts: Counter[str] = Counter()
+        self.steps = 0  # collectives (all_slice included) the lowering emits
 
     def partial_sums(self) -> None:
         """Which values are partial sums: walk, in program order, only the ops
@@ -406,6 +418,7 @@ class _Run:
 
     def _tally(self, priced: _ChainCost, count: int, by_kind: Counter[str]) -> None:
         """Add `count` uses' worth of a priced chain to the totals."""
+        self.steps += len(priced.kinds) * count
         for kind, seconds in zip(priced.kinds, priced.seconds):
             by_kind[kind] += seconds * count
             if kind in COMMUNICATION:

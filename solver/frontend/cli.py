@@ -138,9 +138,15 @@ def _progress(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from solver.planning.planner import format_plan, plan_report
+    from costmodel.simulate import chrome_trace
+    from solver.planning.planner import format_plan, plan_report, simulate_planned
 
-    report = plan_report(_planned(args), args.solver)
+    planned = _planned(args)
+    timeline = simulate_planned(planned)
+    if args.trace:
+        with open(args.trace, "w", encoding="utf-8") as f:
+            json.dump(chrome_trace(timeline), f)
+    report = plan_report(planned, args.solver, timeline)
     print(json.dumps(report, indent=2) if args.json else format_plan(report), end="\n" if args.json else "")
     return 0
 
@@ -320,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "resharding at each use")
         if name == "plan":
             p.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")
+            p.add_argument("--trace", metavar="FILE",
+                           help="write the simulated schedule as a Chrome trace (open in ui.perfetto.dev; "
+                           "docs/trace.md)")
         else:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.simulate import Timeline, simulate
 from ir import ops
 from ir.core import IRError
 from ir.lower import Lowered, LowerOptions, lower
@@ -183,9 +184,16 @@ def collective_counts(lowered: Lowered) -> dict[str, int]:
     return {kind: counts.get(kind, 0) for kind in COLLECTIVE_KINDS}
 
 
-def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
-    """The `shardplan plan --json` object (schema in docs/json.md)."""
+def simulate_planned(planned: Planned) -> Timeline:
+    """The plan's device-local program on the two-stream simulator."""
+    return simulate(planned.lowered.function, planned.spec.hardware_obj())
+
+
+def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None) -> dict[str, Any]:
+    """The `shardplan plan --json` object (schema in docs/json.md); `timeline`:
+    the simulated schedule if already made."""
     fn, mesh = planned.model.function, planned.sharding.mesh
+    timeline = timeline or simulate_planned(planned)
 
     def tensor(name: str, ty, dims) -> dict[str, Any]:
         return {"name": name, "type": str(ty), "sharding": [list(a) for a in dims],
@@ -200,7 +208,12 @@ def plan_report(planned: Planned, solver: str) -> dict[str, Any]:
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),
         "cost": cost_report(planned.assessment, planned.spec.hardware_name),
-        "local_program": {"ops": len(planned.lowered.function.ops)},
+        "simulated": {"makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,
+                      "peak_memory_bytes": timeline.peak_memory_bytes, "prefetch_kernels": timeline.prefetch,
+                      "efficiency": planned.assessment.ideal_step_time_s / timeline.makespan_s
+                      if timeline.makespan_s else 1.0},
+        "local_program": {"ops": len(planned.lowered.function.ops), "kernels": planned.assessment.cost.kernels,
+                          "fused_ops": planned.assessment.cost.fused_ops},
         "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
         "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
         "search": [r.to_json() for r in planned.search],
@@ -227,6 +240,13 @@ def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
         "unpartitioned_peak_memory_bytes": assessment.baseline.peak_memory_bytes,
         "relative_cost": assessment.relative_cost,
     }
+
+
+def format_simulated(sim: dict[str, Any]) -> list[str]:
+    """The overlap line of the human-readable plan report."""
+    return [f"  with overlap     {format_seconds(sim['makespan_s'])}, efficiency {sim['efficiency']:.1%} "
+            f"(two-stream simulation: {format_seconds(sim['exposed_communication_s'])} of communication exposed, "
+            f"peak memory {_bytes(sim['peak_memory_bytes'])}; --trace FILE shows it)"]
 
 
 def format_seconds(s: float) -> str:
@@ -304,18 +324,24 @@ def _grouped(decisions: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
+def _format_local(local: dict[str, Any]) -> str:
+    fusions = local["kernels"] - (local["ops"] - local["fused_ops"])
+    return (f"local program: {local['ops']:,} ops in {local['kernels']:,} kernels "
+            f"({local['fused_ops']:,} ops fused into {fusions:,} fusions)")
+
+
 def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     """The human-readable plan report."""
     counts = ", ".join(f"{n} {k}" for k, n in report["collectives"].items() if n) or "no collectives"
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     schedule = f"schedule {report['schedule']}, " if report["schedule"] else ""
     lines = [f"{report['source']}: plan ({schedule}solver {report['solver']}) on mesh {mesh}",
-             f"collectives: {counts}; local program: {report['local_program']['ops']} ops", ""]
+             f"collectives: {counts}", _format_local(report["local_program"]), ""]
     for r in report["search"]:
         lines.append(format_search(r))
     if report["search"]:
         lines.append("")
-    lines += format_cost(report["cost"]) + ["", "decisions:"]
+    lines += format_cost(report["cost"]) + format_simulated(report["simulated"]) + ["", "decisions:"]
     decisions = _grouped(report["plan"]["decisions"])
     lines += [f"  {axis:>8}: {what}" for axis, what in decisions[:shown]] or ["  none"]
     if len(decisions) > shown:

@@ -10,31 +10,8 @@ Variables (DESIGN.md, "Search backends"):
            deselected by r, the axis not taken by a higher-priority I-class
            of the same owner, and divisible given the axes it already holds.
 
-I-classes whose derived booleans are the same function of x and r share
-one *key* (hash-consed: group, earlier sharding, per-axis status,
-deselecting bits, divisibility, the keys above it at its owner). Repeated
-layers of a layer-symmetric space have the same keys, so their terms fold.
-
-Cost terms (`costmodel.table` is the one pricing function):
-
-  op term    an op's compute time, keyed by its signature and its factors'
-             keys; it also defines the op's *outputs*: whether its result
-             is a pending partial sum (which axes, which combiner) and
-             whether a partial operand flows through it unreduced;
-  edge term  the collectives in front of one use: keyed by the value's and
-             the use's dimension keys, the value's partial state, and for a
-             partial sum whether it flows (first use) or which sharding its
-             first use reduced it to (later uses);
-  end term   a partial result reduced after the last op.
-
-Each distinct term gets one boolean per feasible combination of its
-inputs (key codes, partial states), exactly one of which holds, linked to
-s and to the one-hot partial-state features; its cost is priced once and
-multiplied by the number of ops or uses sharing the term. The feasible
-combinations are enumerated axis by axis from the x and r values that can
-reach them (a superset where enumeration would be large: the linking
-constraints keep only the reachable one). The objective is their sum,
-integer-scaled so that rounding stays under 0.1% of the step time.
+Cost terms: `solver.search.cpsat_terms` (op, kernel, edge and end terms,
+each priced by `costmodel.table`, the one pricing function).
 
 Memory: the peak of the cost model is not linear, so capacity is enforced
 lazily. After each solve the plan is priced; if it does not fit, a cut is
@@ -47,12 +24,9 @@ optimum is the optimum among plans that fit.
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,13 +34,9 @@ from ortools.sat.python import cp_model
 
 from costmodel.table import CostTable
 from ir.core import IRError
-from ir.lower import flowing_partial
+from solver.search.cpsat_terms import Key, Term, TermModel
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.space import FREE, Point, SearchSpace
-
-# Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
-_ENUMERATION_BITS = 14
-_NOT_PARTIAL = (0, "sum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,366 +73,8 @@ class SolveReport:
         return report_json(self)
 
 
-@dataclass(frozen=True, slots=True)
-class _Key:
-    group: int
-    base: tuple[str, ...]
-    status: tuple[int, ...]  # per auto axis: FREE, OFF, ON
-    desel: tuple[tuple[int, int], ...]  # (free class, the bit that deselects it)
-    nondiv: tuple[tuple[frozenset[str], ...], ...]  # per auto axis: earlier axes it cannot be combined with
-    higher: tuple[int, ...]  # keys of the owner's I-classes that take an axis first
-
-
-@dataclass(slots=True)
-class _Combo:
-    taken: tuple[frozenset[str], ...]  # per key of the term: auto axes it holds
-    inputs: tuple  # per input feature: its value
-    outputs: tuple  # per output feature: its value
-    seconds: float
-    result_bytes: int = 0
-
-
-@dataclass(slots=True, eq=False)  # identity: terms key the memory cuts
-class _Term:
-    kind: str  # op | edge | end | param
-    rep: int  # representative op, edge or value
-    keys: tuple[int, ...]
-    inputs: tuple[int, ...]  # feature ids
-    outputs: tuple[int, ...]
-    combos: list[_Combo]
-    mult: int = 1
-    z: list = field(default_factory=list)
-    forbidden: list = field(default_factory=list)  # (taken, inputs) the lowering cannot build
-    partial_feature: int | None = None  # op terms: the result's partial state
-    flow_feature: int | None = None  # op terms: whether a partial operand flows through
-
-
-class _Model:
-    """Keys, features and terms of one (space, cost table), and the CP-SAT model over them."""
-
-    def __init__(self, space: SearchSpace, table: CostTable) -> None:
-        if space.mesh != table.mesh:
-            raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
-        self.space, self.t, self.nda = space, table, space.nda
-        self.axes = space.axes
-        self.base_codes = np.append(table.codes(space.base), 0)
-        self._build_keys()
-        self.features: list[tuple] = []  # feature id -> domain (tuple of values)
-        self._feature_ids: dict[tuple, int] = {}
-        self.terms: dict[tuple, _Term] = {}
-        self.value_partial: list[int | None] = [None] * len(table.values)
-        self.op_term: list[tuple] = []
-        self._vectors: dict[tuple, list[tuple[int, ...]]] = {}
-        self._build_terms()
-
-    # ------------------------------------------------------------ keys
-
-    def _build_keys(self) -> None:
-        nda, space = self.nda, self.space
-        rank = {c: r for r, c in enumerate(space.priority)}
-        position = {k: p for c in range(nda.num_colors) for p, k in enumerate(nda.color_iclasses[c])}
-        members: dict[tuple, list[int]] = {}
-        for k, ic in enumerate(nda.iclasses):
-            members.setdefault(ic.owner[:2], []).append(k)
-        self.keys: list[_Key] = []
-        key_ids: dict[_Key, int] = {}
-        self.key_of = [0] * (len(nda.iclasses) + 1)  # the sentinel I-class: a fixed key
-        self.key_members: list[list[int]] = []
-        sentinel = _Key(-1, (), tuple(1 for _ in self.axes), (), (), ())
-        self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
-        for owner_members in members.values():
-            ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], position[k]))
-            above: list[int] = []
-            for k in ordered:
-                key = self._key(k, above)
-                kid = self._intern(key_ids, key, k)
-                self.key_of[k] = kid
-                if FREE in key.status:
-                    above.append(kid)
-
-    def _intern(self, ids: dict, key: _Key, iclass: int) -> int:
-        kid = ids.get(key)
-        if kid is None:
-            kid = ids[key] = len(self.keys)
-            self.keys.append(key)
-            self.key_members.append([])
-        self.key_members[kid].append(iclass)
-        return kid
-
-    def _key(self, k: int, above: list[int]) -> _Key:
-        space, ic = self.space, self.nda.iclasses[k]
-        status = space.status[k]
-        base = space.base.axes[k]
-        if FREE not in status:
-            return _Key(-1, base, status, (), (), ())
-        desel = tuple((c, b) for c in space.free_classes for b in (0, 1) if k in self.nda.resolutions(c)[b])
-        held = space.mesh.group_size(base)
-        nondiv = []
-        for i, a in enumerate(self.axes):
-            earlier = [b for b, st in zip(self.axes[:i], status) if st == FREE]
-            sets: list[frozenset[str]] = []
-            if status[i] == FREE:
-                for n in range(1, len(earlier) + 1):
-                    for subset in itertools.combinations(earlier, n):
-                        s = frozenset(subset)
-                        size = held * space.mesh.size(a) * math.prod(space.mesh.size(b) for b in s)
-                        if ic.size % size and not any(t <= s for t in sets):
-                            sets.append(s)
-            nondiv.append(tuple(sets))
-        higher = tuple(sorted({j for j in above
-                               if any(x == FREE and y == FREE for x, y in zip(self.keys[j].status, status))}))
-        return _Key(space.group_of[ic.color], base, status, desel, tuple(nondiv), higher)
-
-    def code_of_key(self, kid: int, taken: frozenset[str]) -> int:
-        key = self.keys[kid]
-        return self.t.code_of[key.base + tuple(a for a in self.axes if a in taken)]
-
-    def divisible(self, kid: int, taken: frozenset[str]) -> bool:
-        key = self.keys[kid]
-        return not any(t <= taken for i, a in enumerate(self.axes) if a in taken for t in key.nondiv[i])
-
-    def _axis_vectors(self, keys: tuple[int, ...], i: int) -> list[tuple[int, ...]]:
-        """The 0/1 vectors (does key hold auto axis i) reachable from some x and r."""
-        free = tuple(k for k in keys if self.keys[k].status[i] == FREE)
-        memo = self._vectors.get((free, i))
-        if memo is None:
-            memo = self._vectors[(free, i)] = self._enumerate_axis(free, i)
-        at = {k: n for n, k in enumerate(free)}
-        return [tuple(v[at[k]] if k in at else 0 for k in keys) for v in memo]
-
-    def _enumerate_axis(self, free: tuple[int, ...], i: int) -> list[tuple[int, ...]]:
-        if not free:
-            return [()]
-        closure, stack = set(free), list(free)
-        while stack:
-            for j in self.keys[stack.pop()].higher:
-                if j not in closure and self.keys[j].status[i] == FREE:
-                    closure.add(j)
-                    stack.append(j)
-        order = sorted(closure)  # a key's higher keys were interned first
-        groups = sorted({self.keys[k].group for k in order})
-        classes = sorted({c for k in order for c, _ in self.keys[k].desel})
-        fails = [k for k in order if self.keys[k].nondiv[i]]
-        n = len(groups) + len(classes) + len(fails)
-        if n > _ENUMERATION_BITS:
-            return list(itertools.product((0, 1), repeat=len(free)))
-        found = set()
-        for bits in itertools.product((0, 1), repeat=n):
-            x = dict(zip(groups, bits))
-            r = dict(zip(classes, bits[len(groups):]))
-            fail = dict(zip(fails, bits[len(groups) + len(classes):]))
-            s: dict[int, int] = {}
-            for k in order:
-                key = self.keys[k]
-                s[k] = int(x[key.group] and all(r[c] != b for c, b in key.desel) and not fail.get(k, 0)
-                           and not any(s.get(j, 0) for j in key.higher))
-            found.add(tuple(s[k] for k in free))
-        return sorted(found)
-
-    def key_combos(self, keys: tuple[int, ...]) -> list[tuple[frozenset[str], ...]]:
-        """Per key, the auto axes it holds: every reachable, divisible combination."""
-        per_axis = [self._axis_vectors(keys, i) for i in range(len(self.axes))]
-        out = []
-        for vectors in itertools.product(*per_axis):
-            taken = tuple(frozenset(a for a, v in zip(self.axes, vectors) if v[j]) for j in range(len(keys)))
-            if all(self.divisible(k, tk) for k, tk in zip(keys, taken)):
-                out.append(taken)
-        return out
-
-    # ------------------------------------------------------------ features and terms
-
-    def _feature(self, name: tuple, domain: Sequence) -> int | None:
-        """A derived one-hot quantity (partial state, flow); None if it is constant."""
-        domain = tuple(sorted(set(domain), key=repr))
-        if len(domain) <= 1:
-            return None
-        fid = self._feature_ids.get(name)
-        if fid is None:
-            fid = self._feature_ids[name] = len(self.features)
-            self.features.append(domain)
-        return fid
-
-    def _codes(self, keys: tuple[int, ...], taken: tuple[frozenset[str], ...], iclasses: Sequence[int]) -> np.ndarray:
-        """A full code array with the given I-classes set from their keys' combination."""
-        codes = self.base_codes.copy()
-        code = {k: self.code_of_key(k, tk) for k, tk in zip(keys, taken)}
-        for ic in iclasses:
-            codes[ic] = code[self.key_of[ic]]
-        return codes
-
-    def _build_terms(self) -> None:
-        t = self.t
-        for i in range(len(t.fn.ops)):
-            self.op_term.append(self._op_term(i))
-        for e in range(len(t.edge_op_of)):
-            self._edge_term(e)
-        for v in t.result_vids:
-            if self.value_partial[v] is not None and not t.edges_of[v]:
-                self._end_term(v)
-
-    def _add(self, name: tuple, build) -> _Term:
-        term = self.terms.get(name)
-        if term is None:
-            term = self.terms[name] = build()
-        else:
-            term.mult += 1
-        return term
-
-    def _op_term(self, i: int) -> tuple:
-        t, nda = self.t, self.nda
-        factors = [k if k >= 0 else len(nda.iclasses) for k in nda.op_factor_iclass[i]]
-        fkeys = tuple(self.key_of[k] for k in factors)
-        operands = []
-        for v in t.op_vids[i]:
-            pf = self.value_partial[v] if t.first_user[v] == i else None
-            operands.append((pf, t.use_count_of[v] == 1))
-        name = ("op", t.op_signature_of[i], fkeys, tuple(operands))
-        term = self._add(name, lambda: self._price_op_term(i, name, factors, operands))
-        self.value_partial[t.num_params + i] = term.partial_feature
-        return name
-
-    def _price_op_term(self, i: int, name: tuple, factors: list[int], operands: list) -> _Term:
-        t = self.t
-        keys = tuple(sorted({self.key_of[k] for k in factors}))
-        inputs = tuple(pf for pf, _ in operands if pf is not None)
-        red = [k for k in t.reduction_ic[i].tolist() if k < len(self.nda.iclasses)]
-        op = t.fn.ops[i]
-        rows, forbidden = [], []
-        for taken in self.key_combos(keys):
-            codes = self._codes(keys, taken, factors)
-            seconds, _, _ = t.price_op(i, codes)
-            result_bytes = int(t.global_bytes[t.num_params + i]
-                               // np.prod(t.code_size[codes[t.def_ic[t.num_params + i]]]))
-            own = 0
-            for k in red:
-                own |= int(t.code_mask[codes[k]])
-            wants = None
-            for values in itertools.product(*(self.features[f] for f in inputs)):
-                state = dict(zip(inputs, values))
-                masks = [state[pf][0] if pf is not None else 0 for pf, _ in operands]
-                combiners = [state[pf][1] if pf is not None else "sum" for pf, _ in operands]
-                flowing = 0
-                if t.can_flow[i] and any(masks) and all(single for m, (_, single) in zip(masks, operands) if m):
-                    if wants is None:
-                        wants = [t.want_dims(e, codes) for e in t.op_edges[i]]
-                    axes = flowing_partial(op, [t.mask_axes[m] for m in masks], combiners, wants)
-                    flowing = sum(t.axis_bit[a] for a in axes)
-                if flowing and own and t.op_combiner[i] != "sum":
-                    forbidden.append((taken, tuple(values)))  # the lowering cannot combine them
-                    continue
-                mask = flowing | own
-                partial = (mask, t.op_combiner[i] if own else "sum") if mask else _NOT_PARTIAL
-                rows.append(_Combo(taken, tuple(values), (partial, bool(flowing)), seconds, result_bytes))
-        partial_f = self._feature(name + ("partial",), [c.outputs[0] for c in rows])
-        flow_f = self._feature(name + ("flow",), [c.outputs[1] for c in rows])
-        kept = [n for n, f in enumerate((partial_f, flow_f)) if f is not None]
-        outputs = [f for f in (partial_f, flow_f) if f is not None]
-        for c in rows:
-            c.outputs = tuple(c.outputs[n] for n in kept)
-        return _Term("op", i, keys, inputs, tuple(outputs), rows, forbidden=forbidden,
-                     partial_feature=partial_f, flow_feature=flow_f)
-
-    def _flow_feature(self, i: int) -> int | None:
-        return self.terms[self.op_term[i]].flow_feature
-
-    def _edge_term(self, e: int) -> None:
-        t = self.t
-        v, i = t.edge_vid_of[e], t.edge_op_of[e]
-        rank = t.values[v].type.rank
-        dic, wic = t.def_ic[v][:rank].tolist(), t.use_ic[e][:rank].tolist()
-        dkeys = tuple(self.key_of[k] for k in dic)
-        wkeys = tuple(self.key_of[k] for k in wic)
-        pf = self.value_partial[v]
-        if pf is None and dkeys == wkeys:
-            return  # the use always wants what the value has: no collective
-        first_ic: list[int] = []
-        if pf is None:
-            role: tuple = ("plain",)
-        elif t.edges_of[v][0] == e:
-            flow = self._flow_feature(i) if t.can_flow[i] and t.use_count_of[v] == 1 else None
-            role = ("first", flow)
-        else:
-            first_ic = t.use_ic[t.edges_of[v][0]][:rank].tolist()
-            role = ("later", tuple(self.key_of[k] for k in first_ic))
-        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role)
-        self._add(name, lambda: self._price_edge(e, v, dic, wic, first_ic, pf, role))
-
-    def _price_edge(self, e: int, v: int, dic: list[int], wic: list[int], first_ic: list[int],
-                    pf: int | None, role: tuple) -> _Term:
-        t = self.t
-        iclasses = dic + wic + first_ic
-        keys = tuple(sorted({self.key_of[k] for k in iclasses}))
-        flow_f = role[1] if role[0] == "first" else None
-        inputs = tuple(f for f in (pf, flow_f) if f is not None)
-        rows = []
-        for taken in self.key_combos(keys):
-            codes = self._codes(keys, taken, iclasses)
-            have = _packed(t, codes, dic)
-            want = _packed(t, codes, wic)
-            for values in itertools.product(*(self.features[f] for f in inputs)):
-                state = dict(zip(inputs, values))
-                mask, combiner = state.get(pf, _NOT_PARTIAL) if pf is not None else _NOT_PARTIAL
-                if mask and role[0] == "first" and state.get(flow_f, False):
-                    mask = 0  # it flows through the op unreduced
-                state_now = have
-                if mask and role[0] == "later":
-                    first = _packed(t, codes, first_ic)
-                    state_now, mask = t.resharding(v, have, mask, combiner, first).reduced, 0
-                seconds = 0.0
-                if mask or state_now != want:
-                    seconds = sum(t.resharding(v, state_now, mask, combiner, want).priced.seconds)
-                rows.append(_Combo(taken, tuple(values), (), seconds))
-        return _Term("edge", e, keys, inputs, (), rows)
-
-    def _end_term(self, v: int) -> None:
-        t = self.t
-        rank = t.values[v].type.rank
-        dic = t.def_ic[v][:rank].tolist()
-        pf = self.value_partial[v]
-        name = ("end", t.type_id_of[v], tuple(self.key_of[k] for k in dic), pf)
-
-        def build() -> _Term:
-            keys = tuple(sorted({self.key_of[k] for k in dic}))
-            rows = []
-            for taken in self.key_combos(keys):
-                codes = self._codes(keys, taken, dic)
-                have = _packed(t, codes, dic)
-                for (value,) in itertools.product(self.features[pf]):
-                    mask, combiner = value
-                    seconds = sum(t.resharding(v, have, mask, combiner, have).priced.seconds) if mask else 0.0
-                    rows.append(_Combo(taken, (value,), (), seconds))
-            return _Term("end", v, keys, (pf,), (), rows)
-
-        self._add(name, build)
-
-    def param_term(self, p: int) -> _Term:
-        """A parameter's local bytes as a term (memory cuts only)."""
-        t = self.t
-        rank = t.values[p].type.rank
-        dic = t.def_ic[p][:rank].tolist()
-        name = ("param", t.type_id_of[p], tuple(self.key_of[k] for k in dic))
-        term = self.terms.get(name)
-        if term is None:
-            keys = tuple(sorted({self.key_of[k] for k in dic}))
-            rows = []
-            for taken in self.key_combos(keys):
-                codes = self._codes(keys, taken, dic)
-                size = int(t.global_bytes[p] // np.prod(t.code_size[codes[dic]])) if rank else int(t.global_bytes[p])
-                rows.append(_Combo(taken, (), (), 0.0, size))
-            term = self.terms[name] = _Term("param", p, keys, (), (), rows, mult=0)
-        return term
-
-
-def _packed(t: CostTable, codes: np.ndarray, iclasses: list[int]) -> int:
-    """A tensor's packed sharding, its dimensions' I-classes taking their codes."""
-    return t.pack_dims(tuple(t.axis_tuples[c] for c in codes[iclasses]))
-
-
-# ------------------------------------------------------------ the CP-SAT model
-
-
 class _Cp:
-    """The CP-SAT model of a `_Model`.
+    """The CP-SAT model of a `TermModel`.
 
     A term is not given one boolean per combination: each combination is a
     full assignment of the term's derived booleans (and input features), so
@@ -472,7 +84,7 @@ class _Cp:
     implications, and a combination the lowering cannot build as a
     forbidden clause. Propagation then stays local to each term."""
 
-    def __init__(self, m: _Model) -> None:
+    def __init__(self, m: TermModel) -> None:
         self.m, self.space = m, m.space
         model = self.model = cp_model.CpModel()
         self.x = {v: model.NewBoolVar(f"x{v[0]}_{v[1]}") for v in self.space.variables}
@@ -510,7 +122,7 @@ class _Cp:
         self.rounds = 0  # solves so far (the progress line shows it)
         self._bytes: dict[int, Any] = {}  # id(term) -> its local-KiB variable
 
-    def _define(self, kid: int, key: _Key, i: int) -> None:
+    def _define(self, kid: int, key: Key, i: int) -> None:
         """s[kid, i] <=> x and not deselected and no higher key holds the axis and divisible."""
         model, s = self.model, self.s[(kid, i)]
         axis = self.space.axes[i]
@@ -535,7 +147,7 @@ class _Cp:
             model.AddBoolOr([s.Not(), h.Not()])
         model.AddBoolOr([s, x.Not()] + [lit.Not() for lit in ok] + higher + blocking)
 
-    def _literals(self, term: _Term, taken: tuple[frozenset[str], ...], inputs: tuple) -> list:
+    def _literals(self, term: Term, taken: tuple[frozenset[str], ...], inputs: tuple) -> list:
         """The conjunction that says this combination holds."""
         lits = []
         for kid, tk in zip(term.keys, taken):
@@ -547,7 +159,7 @@ class _Cp:
             lits.append(self.onehot[f][self.m.features[f].index(value)])
         return lits
 
-    def _outputs(self, term: _Term) -> None:
+    def _outputs(self, term: Term) -> None:
         for c in term.combos:
             if term.outputs:
                 lits = self._literals(term, c.taken, c.inputs)
@@ -557,7 +169,7 @@ class _Cp:
         for taken, inputs in term.forbidden:
             self.model.AddBoolOr([lit.Not() for lit in self._literals(term, taken, inputs)])
 
-    def _bounded(self, term: _Term, values: list[int]):
+    def _bounded(self, term: Term, values: list[int]):
         """An integer variable at least `values[k]` when combination k holds (0 if none is positive)."""
         top = max(values)
         if top <= 0:
@@ -646,7 +258,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
                              f"(bound {bound:.4g} s), {self.WallTime():.1f} s")
 
 
-def _lower_bound_counts(m: _Model, codes: np.ndarray, capacity: int, at_most: int = 3) -> list[Counter]:
+def _lower_bound_counts(m: TermModel, codes: np.ndarray, capacity: int, at_most: int = 3) -> list[Counter]:
     """Op positions where resident parameters plus the results that are live
     there in any lowering already exceed the capacity (module docstring), as
     counts of the terms whose bytes make up the bound."""
@@ -684,7 +296,7 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     """The best plan of the space under the cost model that fits memory (module docstring)."""
     options = options or CpSatOptions()
     start = time.perf_counter()
-    m = _Model(space, table)
+    m = TermModel(space, table)
     cp = _Cp(m)
     build_s = time.perf_counter() - start
     deadline = time.perf_counter() + options.time_limit_s

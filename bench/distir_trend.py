@@ -1,0 +1,134 @@
+"""DistIR's trend on its deep MLPs (16 V100-32GB, 2 nodes of 8): which
+data x tensor split of the 16 devices gives the shortest step, per global
+batch size. DistIR's published grid found pure tensor (Megatron)
+parallelism best at small batches (128 to 1,024), a mixed split in between
+and pure data parallelism at large batches (65,536 and up).
+
+For every batch and every split D x T (16x1, 8x2, 4x4, 2x8, 1x16) this
+plans the DP+HP schedule of specs/deep_mlp_8192x16.yaml (the batch on a
+`batch` axis of D devices, Megatron on a `model` axis of T: within a node on
+NVLink up to 8, across nodes on InfiniBand) and prices it three ways: every
+op its own kernel (the model as it was), fused (the model now), fused with
+overlap (the two-stream simulator). Printed: the best split per batch under
+each, and whether the trend holds.
+
+    python bench/distir_trend.py [--layers 16] [--d-model 8192] [--json] [--write-docs]
+
+`--write-docs` replaces the table between docs/specs.md's
+`<!-- distir-table:begin -->` and `<!-- distir-table:end -->` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Run as a script, this directory comes first on sys.path and its costmodel.py would shadow the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+from costmodel.evaluate import evaluate  # noqa: E402
+from solver.planning.planner import plan_spec, simulate_planned  # noqa: E402
+from solver.planning.spec import parse_spec  # noqa: E402
+
+sys.path.append(str(_HERE))  # after the packages: bench/costmodel.py must not shadow costmodel
+from readme_table import write_table  # noqa: E402, I001
+
+ROOT = _HERE.parent
+BATCHES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536, 131072)
+SPLITS = ((16, 1), (8, 2), (4, 4), (2, 8), (1, 16))
+MODELS = ("as was", "fused", "overlap")
+
+SPEC = """
+model:
+  builder: deep_mlp
+  args: {{layers: {layers}, d_model: {d_model}, batch: {batch}, dtype: f16}}
+  step: train
+  optimizer: sgd
+devices: 16
+mesh: {mesh}
+hardware:
+  preset: V100-32GB
+  links: {links}
+schedules:
+  DP+HP:
+    tactics:
+{tactics}
+"""
+DP = '      - {manual: {axis: batch, values: {x: 0}}}'
+HP = '      - {manual: {axis: model, values: {"layers.*[02468].w": 1}}}'
+
+
+def step_times(layers: int, d_model: int, batch: int, d: int, t: int) -> dict[str, float] | None:
+    """The DP+HP plan's step time under each model; None if it does not fit."""
+    axes = {"batch": d, "model": t}
+    links = {"batch": "infiniband", "model": "nvlink" if t <= 8 else "infiniband"}
+    used = [a for a in axes if axes[a] > 1]  # an axis of one device shards nothing and is left out
+    text = SPEC.format(layers=layers, d_model=d_model, batch=batch,
+                       mesh="{" + ", ".join(f"{a}: {axes[a]}" for a in used) + "}",
+                       links="{" + ", ".join(f"{a}: {links[a]}" for a in used) + "}",
+                       tactics="\n".join(tactic for a, tactic in (("batch", DP), ("model", HP)) if a in used))
+    spec = parse_spec(text, f"deep_mlp_{d_model}x{layers}_b{batch}_{d}x{t}.yaml")
+    planned = plan_spec(spec, "none", schedule="DP+HP")
+    if not planned.assessment.cost.fits:
+        return None
+    unfused = evaluate(planned.lowered.function, spec.hardware_obj(), fused=False)
+    return {"as was": unfused.step_time_s, "fused": planned.assessment.cost.step_time_s,
+            "overlap": simulate_planned(planned).makespan_s}
+
+
+def split_name(d: int, t: int) -> str:
+    return "DP" if t == 1 else "HP" if d == 1 else f"{d}x{t}"
+
+
+def trend_holds(best: dict[int, str]) -> bool:
+    """Pure HP at 128 to 1,024, pure DP from 65,536, and the tensor degree never
+    growing with the batch in between."""
+    degree = {b: 16 if s == "HP" else 1 if s == "DP" else int(s.split("x")[1]) for b, s in best.items()}
+    small = all(best[b] == "HP" for b in best if b <= 1024)
+    large = all(best[b] == "DP" for b in best if b >= 65536)
+    ordered = list(degree.values())
+    return small and large and all(a >= b for a, b in zip(ordered, ordered[1:]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--d-model", type=int, default=8192)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/specs.md")
+    args = parser.parse_args()
+    rows = []
+    for batch in BATCHES:
+        times = {split_name(d, t): step_times(args.layers, args.d_model, batch, d, t) for d, t in SPLITS}
+        fitting = {s: v for s, v in times.items() if v is not None}
+        best = {m: min(fitting, key=lambda s: fitting[s][m]) if fitting else None for m in MODELS}
+        rows.append({"batch": batch, "times": times, "best": best})
+        print(f"batch {batch}: " + ", ".join(f"{m} {best[m]}" for m in MODELS), file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    lines = ["| global batch | " + " | ".join(f"{split_name(d, t)} (fused)" for d, t in SPLITS)
+             + " | best, as was | best, fused | best, with overlap |",
+             "|---:|" + "---:|" * len(SPLITS) + "---|---|---|"]
+    for r in rows:
+        cells = [f"{r['times'][split_name(d, t)]['fused'] * 1e3:,.1f} ms" if r["times"][split_name(d, t)] else "no fit"
+                 for d, t in SPLITS]
+        lines.append(f"| {r['batch']:,} | " + " | ".join(cells) + " | "
+                     + " | ".join(str(r["best"][m]) for m in MODELS) + " |")
+    verdict = {m: trend_holds({r["batch"]: r["best"][m] for r in rows if r["best"][m]}) for m in MODELS}
+    lines += ["", "DistIR's trend (pure HP at 128 to 1,024, pure DP from 65,536, the tensor degree never growing "
+              "with the batch): " + ", ".join(f"{m}: {'holds' if ok else 'does not hold'}" for m, ok in verdict.items())
+              + f". deep MLP {args.d_model} x {args.layers}, f16, SGD, 16 V100-32GB; "
+              "`python bench/distir_trend.py --write-docs`."]
+    table = "\n".join(lines)
+    print(table)
+    if args.write_docs:
+        write_table("distir-table", table, ROOT / "docs" / "specs.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

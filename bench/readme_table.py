@@ -1,0 +1,21 @@
+"""Write a generated table into README.md between its markers, so the
+published figures are the ones a benchmark script printed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def write_table(name: str, table: str, path: Path = README) -> None:
+    """Replace what lies between `<!-- NAME:begin -->` and `<!-- NAME:end -->`."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = path.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: the markers {begin} and {end} are missing")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}", encoding="utf-8")
+    print(f"wrote the {name} into {path}", file=sys.stderr)

@@ -1,0 +1,202 @@
+"""The tabulated form of fusion (`costmodel.fusion`): the fused kernels of a
+device-local program, priced from the factor sharding alone.
+
+The device-local program's kernels are the global program's kernels cut
+where the plan puts a collective: a producer stays fused to its consumer
+exactly when none of its uses carries a collective (a collective reads it,
+so it is written to HBM and its consumer reads what the collective made).
+Both sides use the same rule, `fuse`, so the kernels agree.
+
+Per evaluation:
+
+  - kernels with no collective inside (nearly all of them) are priced as a
+    whole: a kernel's time depends only on its *signature* (its ops'
+    signatures, which operand slots are internal and from which member,
+    which results leave it, and which of its dimensions share an I-class)
+    and the codes of its I-classes. numpy finds the distinct (signature,
+    codes) rows and each is priced once and memoized, as `CostTable` does
+    for single ops;
+  - a kernel a collective cuts is split into its pieces (connected
+    components of the links no collective touches), each priced alone: a
+    piece of one op as the op alone, a piece of several as a fusion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from costmodel.fusion import FUSION, FusedOp, fuse, fused_time_s
+from ir import ops
+from ir.sharding import local_type
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernel:
+    """A kernel of several ops of the global program."""
+
+    ops: tuple[int, ...]
+    links: tuple[tuple[int, int, tuple[int, ...]], ...]  # (producer, consumer, the producer's edges)
+    exported: tuple[bool, ...]  # per member: its result leaves the kernel in the global program
+    iclasses: tuple[int, ...]  # every I-class its operands and results read, sorted
+    signature: int
+
+
+class FusedKernels:
+    """The global program's kernels of several ops, for one CostTable."""
+
+    def __init__(self, table: Any) -> None:
+        """`table` is the `costmodel.table.CostTable` these kernels belong to
+        (typed Any: that module imports this one, and the graph stays acyclic)."""
+        t = self.t = table
+        fusion = fuse(t.fn)
+        self.fused = np.zeros(len(t.fn.ops), dtype=bool)
+        self.kernels: list[_Kernel] = []
+        self.kernel_of_edge = np.full(len(t.edge_op_of), -1, dtype=np.int64)
+        signatures: dict[tuple, int] = {}
+        for members in fusion.kernels:
+            if len(members) < 2:
+                continue
+            k = len(self.kernels)
+            self.fused[list(members)] = True
+            self.kernels.append(self._kernel(members, signatures))
+            for _, _, edges in self.kernels[-1].links:
+                self.kernel_of_edge[list(edges)] = k
+        # Kernels bucketed by how many I-classes they read, for the vectorized pricing.
+        by_width: dict[int, list[int]] = {}
+        for k, kernel in enumerate(self.kernels):
+            by_width.setdefault(len(kernel.iclasses), []).append(k)
+        self.buckets = [(np.array(ks, dtype=np.int64),
+                         np.array([self.kernels[k].signature for k in ks], dtype=np.int64),
+                         np.array([self.kernels[k].iclasses for k in ks], dtype=np.int64).reshape(len(ks), width))
+                        for width, ks in sorted(by_width.items())]
+        self._memo: dict[tuple, tuple[float, int]] = {}
+
+    def _kernel(self, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
+        t = self.t
+        at = {i: n for n, i in enumerate(members)}
+        links, slots = [], []
+        for i in members:
+            for e in t.op_edges[i]:
+                v = t.edge_vid_of[e]
+                p = v - t.num_params
+                inside = p >= 0 and p in at
+                slots.append(at[p] if inside else -1)
+                if inside and (p, i) not in {(a, b) for a, b, _ in links}:
+                    links.append((p, i, tuple(t.edges_of[v])))
+        exported = []
+        for i in members:
+            v = t.num_params + i
+            exported.append(bool(t.is_result[v]) or any(u not in at for u in t.users[v]))
+        rows = [t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank] for i in members for e in t.op_edges[i]]
+        rows += [t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank] for i in members]
+        iclasses = sorted({int(k) for row in rows for k in row})
+        position = {k: n for n, k in enumerate(iclasses)}
+        pattern = tuple(tuple(position[int(k)] for k in row) for row in rows)
+        key = (tuple(t.op_signature_of[i] for i in members), tuple(slots), tuple(exported), pattern)
+        signature = signatures.setdefault(key, len(signatures))
+        return _Kernel(members, tuple((at[p], at[c], edges) for p, c, edges in links), tuple(exported),
+                       tuple(iclasses) or (t._sentinel,), signature)
+
+    # ------------------------------------------------------------ evaluation
+
+    def evaluate(self, codes: np.ndarray, cut_edges: Collection[int], by_kind: Counter[str]) -> tuple[int, int, int]:
+        """Add every kernel's time to `by_kind`; return (flops, kernels, fused ops):
+        the pieces' count and how many ops run inside a piece of several."""
+        cut_kernels = {int(self.kernel_of_edge[e]) for e in cut_edges if self.kernel_of_edge[e] >= 0}
+        flops = kernels = fused_ops = 0
+        for members, sigs, iclasses in self.buckets:
+            keep = np.array([k not in cut_kernels for k in members.tolist()], dtype=bool) if cut_kernels else None
+            rows = np.column_stack([sigs, codes[iclasses]])
+            reps = members
+            if keep is not None:
+                rows, reps = rows[keep], members[keep]
+            if not len(rows):
+                continue
+            uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+            times = np.bincount(inverse.reshape(-1), minlength=len(first))
+            for row, rep, count in zip(uniq.tolist(), first.tolist(), times.tolist()):
+                seconds, kernel_flops = self._price(int(reps[rep]), tuple(row), (), codes)
+                by_kind[FUSION] += seconds * count
+                flops += kernel_flops * count
+            kernels += len(rows)
+            fused_ops += sum(len(self.kernels[k].ops) for k in reps.tolist())
+        cut = set(cut_edges)
+        for k in sorted(cut_kernels):
+            f, n, fused = self._evaluate_cut(k, codes, cut, by_kind)
+            flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
+        return flops, kernels, fused_ops
+
+    def _evaluate_cut(self, k: int, codes: np.ndarray, cut: set[int], by_kind: Counter[str]) -> tuple[int, int, int]:
+        kernel = self.kernels[k]
+        broken = tuple(n for n, (_, _, edges) in enumerate(kernel.links) if any(e in cut for e in edges))
+        pieces = self.price_pieces(k, codes, broken)
+        for kind, seconds, _, _ in pieces:
+            by_kind[kind] += seconds
+        return (sum(f for _, _, f, _ in pieces), len(pieces), sum(n for kind, _, _, n in pieces if kind == FUSION))
+
+    def price_pieces(self, k: int, codes: np.ndarray, broken: tuple[int, ...]) -> list[tuple[str, float, int, int]]:
+        """Kernel k with its links `broken` (positions in `links`) cut: per piece,
+        its kind (the op's, or fusion), time, flops and op count."""
+        kernel = self.kernels[k]
+        parent = list(range(len(kernel.ops)))
+
+        def root(m: int) -> int:
+            while parent[m] != m:
+                m = parent[m]
+            return m
+
+        for n, (p, c, _) in enumerate(kernel.links):
+            if n not in broken:
+                parent[root(p)] = root(c)
+        pieces: dict[int, list[int]] = {}
+        for m in range(len(kernel.ops)):
+            pieces.setdefault(root(m), []).append(m)
+        key = (kernel.signature, broken, tuple(codes[list(kernel.iclasses)].tolist()))
+        out = []
+        for piece in pieces.values():
+            if len(piece) == 1:
+                seconds, kind, flops = self.t.price_op(kernel.ops[piece[0]], codes)
+                out.append((kind, seconds, flops, 1))
+            else:
+                seconds, flops = self._price(k, key + (tuple(piece),), broken, codes, piece)
+                out.append((FUSION, seconds, flops, len(piece)))
+        return out
+
+    def _price(self, k: int, key: tuple, broken: tuple[int, ...], codes: np.ndarray,
+               piece: list[int] | None = None) -> tuple[float, int]:
+        """Time and flops of kernel k (or of one piece of it, its links `broken`
+        cut) on the local types `codes` give; memoized on `key`."""
+        term = self._memo.get(key)
+        if term is None:
+            term = self._memo[key] = fused_time_s(self.members(k, codes, broken, piece), self.t.hardware)
+        return term
+
+    def members(self, k: int, codes: np.ndarray, broken: tuple[int, ...] = (),
+                piece: list[int] | None = None) -> list[FusedOp]:
+        """The FusedOps of kernel k (or of `piece`, positions in it) under `codes`."""
+        t, kernel = self.t, self.kernels[k]
+        chosen = list(range(len(kernel.ops))) if piece is None else piece
+        inside = set(chosen)
+        kept = {(p, c) for n, (p, c, _) in enumerate(kernel.links) if n not in broken and p in inside and c in inside}
+        leaves = {p for p, c, _ in kernel.links if (p, c) not in kept}
+        at = {i: n for n, i in enumerate(kernel.ops)}
+        out = []
+        for m in chosen:
+            i = kernel.ops[m]
+            op = t.fn.ops[i]
+            operands, external = [], []
+            for e in t.op_edges[i]:
+                v = t.edge_vid_of[e]
+                operands.append(local_type(t.values[v].type, t.want_dims(e, codes), t.mesh))
+                p = at.get(v - t.num_params) if v >= t.num_params else None
+                external.append(p is None or (p, m) not in kept)
+            result = local_type(op.results[0].type, t.def_dims(t.num_params + i, codes), t.mesh)
+            attrs = ops.get(op.kind).localize(op.attrs, tuple(operands), (result,))
+            out.append(FusedOp(op.kind, attrs, tuple(operands), result, tuple(external),
+                               kernel.exported[m] or m in leaves))
+        return out

@@ -1,0 +1,464 @@
+"""The terms of the CP-SAT model (`solver.search.cpsat`): keys, features and
+priced combinations, built from a search space and the cost table.
+
+I-classes whose derived booleans are the same function of x and r share
+one *key* (hash-consed: group, earlier sharding, per-axis status,
+deselecting bits, divisibility, the keys above it at its owner). Repeated
+layers of a layer-symmetric space have the same keys, so their terms fold.
+
+Cost terms (`costmodel.table` is the one pricing function):
+
+  op term    an op's compute time, keyed by its signature and its factors'
+             keys; it also defines the op's *outputs*: whether its result
+             is a pending partial sum (which axes, which combiner) and
+             whether a partial operand flows through it unreduced;
+  edge term  the collectives in front of one use: keyed by the value's and
+             the use's dimension keys, the value's partial state, and for a
+             partial sum whether it flows (first use) or which sharding its
+             first use reduced it to (later uses);
+  end term   a partial result reduced after the last op.
+
+Each distinct term gets one boolean per feasible combination of its
+inputs (key codes, partial states), exactly one of which holds, linked to
+s and to the one-hot partial-state features; its cost is priced once and
+multiplied by the number of ops or uses sharing the term. The feasible
+combinations are enumerated axis by axis from the x and r values that can
+reach them (a superset where enumeration would be large: the linking
+constraints keep only the reachable one). The objective is their sum,
+integer-scaled so that rounding stays under 0.1% of the step time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.table import CostTable
+from ir.core import IRError
+from ir.lower import flowing_partial
+from solver.search.space import FREE, SearchSpace
+
+# Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
+_ENUMERATION_BITS = 14
+NOT_PARTIAL = (0, "sum")
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    group: int
+    base: tuple[str, ...]
+    status: tuple[int, ...]  # per auto axis: FREE, OFF, ON
+    desel: tuple[tuple[int, int], ...]  # (free class, the bit that deselects it)
+    nondiv: tuple[tuple[frozenset[str], ...], ...]  # per auto axis: earlier axes it cannot be combined with
+    higher: tuple[int, ...]  # keys of the owner's I-classes that take an axis first
+
+
+@dataclass(slots=True)
+class Combo:
+    taken: tuple[frozenset[str], ...]  # per key of the term: auto axes it holds
+    inputs: tuple  # per input feature: its value
+    outputs: tuple  # per output feature: its value
+    seconds: float
+    result_bytes: int = 0
+
+
+@dataclass(slots=True, eq=False)  # identity: terms key the memory cuts
+class Term:
+    kind: str  # op | kernel | edge | end | param
+    rep: int  # representative op, edge or value
+    keys: tuple[int, ...]
+    inputs: tuple[int, ...]  # feature ids
+    outputs: tuple[int, ...]
+    combos: list[Combo]
+    mult: int = 1
+    z: list = field(default_factory=list)
+    forbidden: list = field(default_factory=list)  # (taken, inputs) the lowering cannot build
+    partial_feature: int | None = None  # op terms: the result's partial state
+    flow_feature: int | None = None  # op terms: whether a partial operand flows through
+    emits: int | bool = False  # edge terms: the feature "a collective sits on this use", or its constant value
+
+
+class TermModel:
+    """Keys, features and terms of one (space, cost table), and the CP-SAT model over them."""
+
+    def __init__(self, space: SearchSpace, table: CostTable) -> None:
+        if space.mesh != table.mesh:
+            raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
+        self.space, self.t, self.nda = space, table, space.nda
+        self.axes = space.axes
+        self.base_codes = np.append(table.codes(space.base), 0)
+        self._build_keys()
+        self.features: list[tuple] = []  # feature id -> domain (tuple of values)
+        self._feature_ids: dict[tuple, int] = {}
+        self.terms: dict[tuple, Term] = {}
+        self.value_partial: list[int | None] = [None] * len(table.values)
+        self.op_term: list[tuple] = []
+        self.edge_term: dict[int, tuple] = {}  # use -> its edge term's name (uses that may carry a collective)
+        self._vectors: dict[tuple, list[tuple[int, ...]]] = {}
+        self._build_terms()
+
+    # ------------------------------------------------------------ keys
+
+    def _build_keys(self) -> None:
+        nda, space = self.nda, self.space
+        rank = {c: r for r, c in enumerate(space.priority)}
+        position = {k: p for c in range(nda.num_colors) for p, k in enumerate(nda.color_iclasses[c])}
+        members: dict[tuple, list[int]] = {}
+        for k, ic in enumerate(nda.iclasses):
+            members.setdefault(ic.owner[:2], []).append(k)
+        self.keys: list[Key] = []
+        key_ids: dict[Key, int] = {}
+        self.key_of = [0] * (len(nda.iclasses) + 1)  # the sentinel I-class: a fixed key
+        self.key_members: list[list[int]] = []
+        sentinel = Key(-1, (), tuple(1 for _ in self.axes), (), (), ())
+        self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
+        for owner_members in members.values():
+            ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], position[k]))
+            above: list[int] = []
+            for k in ordered:
+                key = self._key(k, above)
+                kid = self._intern(key_ids, key, k)
+                self.key_of[k] = kid
+                if FREE in key.status:
+                    above.append(kid)
+
+    def _intern(self, ids: dict, key: Key, iclass: int) -> int:
+        kid = ids.get(key)
+        if kid is None:
+            kid = ids[key] = len(self.keys)
+            self.keys.append(key)
+            self.key_members.append([])
+        self.key_members[kid].append(iclass)
+        return kid
+
+    def _key(self, k: int, above: list[int]) -> Key:
+        space, ic = self.space, self.nda.iclasses[k]
+        status = space.status[k]
+        base = space.base.axes[k]
+        if FREE not in status:
+            return Key(-1, base, status, (), (), ())
+        desel = tuple((c, b) for c in space.free_classes for b in (0, 1) if k in self.nda.resolutions(c)[b])
+        held = space.mesh.group_size(base)
+        nondiv = []
+        for i, a in enumerate(self.axes):
+            earlier = [b for b, st in zip(self.axes[:i], status) if st == FREE]
+            sets: list[frozenset[str]] = []
+            if status[i] == FREE:
+                for n in range(1, len(earlier) + 1):
+                    for subset in itertools.combinations(earlier, n):
+                        s = frozenset(subset)
+                        size = held * space.mesh.size(a) * math.prod(space.mesh.size(b) for b in s)
+                        if ic.size % size and not any(t <= s for t in sets):
+                            sets.append(s)
+            nondiv.append(tuple(sets))
+        higher = tuple(sorted({j for j in above
+                               if any(x == FREE and y == FREE for x, y in zip(self.keys[j].status, status))}))
+        return Key(space.group_of[ic.color], base, status, desel, tuple(nondiv), higher)
+
+    def code_of_key(self, kid: int, taken: frozenset[str]) -> int:
+        key = self.keys[kid]
+        return self.t.code_of[key.base + tuple(a for a in self.axes if a in taken)]
+
+    def divisible(self, kid: int, taken: frozenset[str]) -> bool:
+        key = self.keys[kid]
+        return not any(t <= taken for i, a in enumerate(self.axes) if a in taken for t in key.nondiv[i])
+
+    def _axis_vectors(self, keys: tuple[int, ...], i: int) -> list[tuple[int, ...]]:
+        """The 0/1 vectors (does key hold auto axis i) reachable from some x and r."""
+        free = tuple(k for k in keys if self.keys[k].status[i] == FREE)
+        memo = self._vectors.get((free, i))
+        if memo is None:
+            memo = self._vectors[(free, i)] = self._enumerate_axis(free, i)
+        at = {k: n for n, k in enumerate(free)}
+        return [tuple(v[at[k]] if k in at else 0 for k in keys) for v in memo]
+
+    def _enumerate_axis(self, free: tuple[int, ...], i: int) -> list[tuple[int, ...]]:
+        if not free:
+            return [()]
+        closure, stack = set(free), list(free)
+        while stack:
+            for j in self.keys[stack.pop()].higher:
+                if j not in closure and self.keys[j].status[i] == FREE:
+                    closure.add(j)
+                    stack.append(j)
+        order = sorted(closure)  # a key's higher keys were interned first
+        groups = sorted({self.keys[k].group for k in order})
+        classes = sorted({c for k in order for c, _ in self.keys[k].desel})
+        fails = [k for k in order if self.keys[k].nondiv[i]]
+        n = len(groups) + len(classes) + len(fails)
+        if n > _ENUMERATION_BITS:
+            return list(itertools.product((0, 1), repeat=len(free)))
+        found = set()
+        for bits in itertools.product((0, 1), repeat=n):
+            x = dict(zip(groups, bits))
+            r = dict(zip(classes, bits[len(groups):]))
+            fail = dict(zip(fails, bits[len(groups) + len(classes):]))
+            s: dict[int, int] = {}
+            for k in order:
+                key = self.keys[k]
+                s[k] = int(x[key.group] and all(r[c] != b for c, b in key.desel) and not fail.get(k, 0)
+                           and not any(s.get(j, 0) for j in key.higher))
+            found.add(tuple(s[k] for k in free))
+        return sorted(found)
+
+    def key_combos(self, keys: tuple[int, ...]) -> list[tuple[frozenset[str], ...]]:
+        """Per key, the auto axes it holds: every reachable, divisible combination."""
+        per_axis = [self._axis_vectors(keys, i) for i in range(len(self.axes))]
+        out = []
+        for vectors in itertools.product(*per_axis):
+            taken = tuple(frozenset(a for a, v in zip(self.axes, vectors) if v[j]) for j in range(len(keys)))
+            if all(self.divisible(k, tk) for k, tk in zip(keys, taken)):
+                out.append(taken)
+        return out
+
+    # ------------------------------------------------------------ features and terms
+
+    def _feature(self, name: tuple, domain: Sequence) -> int | None:
+        """A derived one-hot quantity (partial state, flow); None if it is constant."""
+        domain = tuple(sorted(set(domain), key=repr))
+        if len(domain) <= 1:
+            return None
+        fid = self._feature_ids.get(name)
+        if fid is None:
+            fid = self._feature_ids[name] = len(self.features)
+            self.features.append(domain)
+        return fid
+
+    def _codes(self, keys: tuple[int, ...], taken: tuple[frozenset[str], ...], iclasses: Sequence[int]) -> np.ndarray:
+        """A full code array with the given I-classes set from their keys' combination."""
+        codes = self.base_codes.copy()
+        code = {k: self.code_of_key(k, tk) for k, tk in zip(keys, taken)}
+        for ic in iclasses:
+            codes[ic] = code[self.key_of[ic]]
+        return codes
+
+    def _build_terms(self) -> None:
+        t = self.t
+        for i in range(len(t.fn.ops)):
+            self.op_term.append(self._op_term(i))
+        for e in range(len(t.edge_op_of)):
+            self._edge_term(e)
+        for k in range(len(t.kernels.kernels)):
+            self._kernel_term(k)
+        for v in t.result_vids:
+            if self.value_partial[v] is not None and not t.edges_of[v]:
+                self._end_term(v)
+
+    def _add(self, name: tuple, build) -> Term:
+        term = self.terms.get(name)
+        if term is None:
+            term = self.terms[name] = build()
+        else:
+            term.mult += 1
+        return term
+
+    def _op_term(self, i: int) -> tuple:
+        t, nda = self.t, self.nda
+        factors = [k if k >= 0 else len(nda.iclasses) for k in nda.op_factor_iclass[i]]
+        fkeys = tuple(self.key_of[k] for k in factors)
+        operands = []
+        for v in t.op_vids[i]:
+            pf = self.value_partial[v] if t.first_user[v] == i else None
+            operands.append((pf, t.use_count_of[v] == 1))
+        name = ("op", t.op_signature_of[i], fkeys, tuple(operands), bool(t.kernels.fused[i]))
+        term = self._add(name, lambda: self._price_op_term(i, name, factors, operands))
+        self.value_partial[t.num_params + i] = term.partial_feature
+        return name
+
+    def _price_op_term(self, i: int, name: tuple, factors: list[int], operands: list) -> Term:
+        t = self.t
+        keys = tuple(sorted({self.key_of[k] for k in factors}))
+        inputs = tuple(pf for pf, _ in operands if pf is not None)
+        red = [k for k in t.reduction_ic[i].tolist() if k < len(self.nda.iclasses)]
+        op = t.fn.ops[i]
+        rows, forbidden = [], []
+        for taken in self.key_combos(keys):
+            codes = self._codes(keys, taken, factors)
+            # An op a kernel fuses is priced by its kernel term.
+            seconds = 0.0 if t.kernels.fused[i] else t.price_op(i, codes)[0]
+            result_bytes = int(t.global_bytes[t.num_params + i]
+                               // np.prod(t.code_size[codes[t.def_ic[t.num_params + i]]]))
+            own = 0
+            for k in red:
+                own |= int(t.code_mask[codes[k]])
+            wants = None
+            for values in itertools.product(*(self.features[f] for f in inputs)):
+                state = dict(zip(inputs, values))
+                masks = [state[pf][0] if pf is not None else 0 for pf, _ in operands]
+                combiners = [state[pf][1] if pf is not None else "sum" for pf, _ in operands]
+                flowing = 0
+                if t.can_flow[i] and any(masks) and all(single for m, (_, single) in zip(masks, operands) if m):
+                    if wants is None:
+                        wants = [t.want_dims(e, codes) for e in t.op_edges[i]]
+                    axes = flowing_partial(op, [t.mask_axes[m] for m in masks], combiners, wants)
+                    flowing = sum(t.axis_bit[a] for a in axes)
+                if flowing and own and t.op_combiner[i] != "sum":
+                    forbidden.append((taken, tuple(values)))  # the lowering cannot combine them
+                    continue
+                mask = flowing | own
+                partial = (mask, t.op_combiner[i] if own else "sum") if mask else NOT_PARTIAL
+                rows.append(Combo(taken, tuple(values), (partial, bool(flowing)), seconds, result_bytes))
+        partial_f = self._feature(name + ("partial",), [c.outputs[0] for c in rows])
+        flow_f = self._feature(name + ("flow",), [c.outputs[1] for c in rows])
+        kept = [n for n, f in enumerate((partial_f, flow_f)) if f is not None]
+        outputs = [f for f in (partial_f, flow_f) if f is not None]
+        for c in rows:
+            c.outputs = tuple(c.outputs[n] for n in kept)
+        return Term("op", i, keys, inputs, tuple(outputs), rows, forbidden=forbidden,
+                     partial_feature=partial_f, flow_feature=flow_f)
+
+    def _flow_feature(self, i: int) -> int | None:
+        return self.terms[self.op_term[i]].flow_feature
+
+    def _edge_role(self, e: int) -> tuple[int | None, tuple, list[int]]:
+        """A use's partial-sum feature, its role (plain; first use, with the
+        flow feature; later use, with the first use's keys) and the first
+        use's I-classes (later uses)."""
+        t = self.t
+        v, i = t.edge_vid_of[e], t.edge_op_of[e]
+        rank = t.values[v].type.rank
+        pf = self.value_partial[v]
+        if pf is None:
+            return pf, ("plain",), []
+        if t.edges_of[v][0] == e:
+            flow = self._flow_feature(i) if t.can_flow[i] and t.use_count_of[v] == 1 else None
+            return pf, ("first", flow), []
+        first_ic = t.use_ic[t.edges_of[v][0]][:rank].tolist()
+        return pf, ("later", tuple(self.key_of[k] for k in first_ic)), first_ic
+
+    def _edge_resharding(self, e: int, codes: np.ndarray, state: dict, pf: int | None, role: tuple,
+                         first_ic: list[int]):
+        """The lowering's collectives in front of use e under `codes` and the
+        feature values `state`: the memoized resharding, or None if there are none."""
+        t = self.t
+        v = t.edge_vid_of[e]
+        rank = t.values[v].type.rank
+        have = packed(t, codes, t.def_ic[v][:rank].tolist())
+        want = packed(t, codes, t.use_ic[e][:rank].tolist())
+        mask, combiner = state.get(pf, NOT_PARTIAL) if pf is not None else NOT_PARTIAL
+        if mask and role[0] == "first" and state.get(role[1], False):
+            mask = 0  # it flows through the op unreduced
+        if mask and role[0] == "later":
+            first = packed(t, codes, first_ic)
+            have, mask = t.resharding(v, have, mask, combiner, first).reduced, 0
+        if not mask and have == want:
+            return None
+        return t.resharding(v, have, mask, combiner, want)
+
+    def _edge_term(self, e: int) -> None:
+        t = self.t
+        v = t.edge_vid_of[e]
+        rank = t.values[v].type.rank
+        dic, wic = t.def_ic[v][:rank].tolist(), t.use_ic[e][:rank].tolist()
+        dkeys = tuple(self.key_of[k] for k in dic)
+        wkeys = tuple(self.key_of[k] for k in wic)
+        pf, role, first_ic = self._edge_role(e)
+        if pf is None and dkeys == wkeys:
+            return  # the use always wants what the value has: no collective
+        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role)
+        self._add(name, lambda: self._price_edge(e, name, dic, wic, first_ic, pf, role))
+        self.edge_term[e] = name
+
+    def _price_edge(self, e: int, name: tuple, dic: list[int], wic: list[int], first_ic: list[int],
+                    pf: int | None, role: tuple) -> Term:
+        iclasses = dic + wic + first_ic
+        keys = tuple(sorted({self.key_of[k] for k in iclasses}))
+        flow_f = role[1] if role[0] == "first" else None
+        inputs = tuple(f for f in (pf, flow_f) if f is not None)
+        rows = []
+        for taken in self.key_combos(keys):
+            codes = self._codes(keys, taken, iclasses)
+            for values in itertools.product(*(self.features[f] for f in inputs)):
+                chain = self._edge_resharding(e, codes, dict(zip(inputs, values)), pf, role, first_ic)
+                seconds = sum(chain.priced.seconds) if chain is not None else 0.0
+                rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds))
+        # Whether a collective sits on the use: a kernel reading it through this use is cut there.
+        emits = {c.outputs[0] for c in rows}
+        feature = self._feature(name + ("emits",), emits)
+        for c in rows:
+            c.outputs = c.outputs if feature is not None else ()
+        return Term("edge", e, keys, inputs, (feature,) if feature is not None else (), rows,
+                    emits=feature if feature is not None else emits.pop())
+
+    def _kernel_term(self, k: int) -> None:
+        """A fused kernel's time: keyed by its signature, its I-classes' keys and
+        whether a collective sits on each of its internal uses (the edge terms'
+        `emits` features), which cuts it into pieces (`costmodel.table_kernels`)."""
+        t = self.t
+        kernel = t.kernels.kernels[k]
+        iclasses = list(kernel.iclasses)
+        # Per link: the emits feature or constant of each of its uses (a use with no edge term never emits).
+        links = [tuple(self.terms[self.edge_term[e]].emits if e in self.edge_term else False for e in edges)
+                 for _, _, edges in kernel.links]
+        inputs = tuple(dict.fromkeys(f for link in links for f in link if not isinstance(f, bool)))
+        name = ("kernel", kernel.signature, tuple(self.key_of[ic] for ic in iclasses), tuple(links))
+
+        def build() -> Term:
+            keys = tuple(sorted({self.key_of[ic] for ic in iclasses}))
+            rows = []
+            for taken in self.key_combos(keys):
+                codes = self._codes(keys, taken, iclasses)
+                for values in itertools.product(*(self.features[f] for f in inputs)):
+                    state = dict(zip(inputs, values))
+                    broken = tuple(n for n, link in enumerate(links)
+                                   if any(f if isinstance(f, bool) else state[f] for f in link))
+                    seconds = sum(s for _, s, _, _ in t.kernels.price_pieces(k, codes, broken))
+                    rows.append(Combo(taken, tuple(values), (), seconds))
+            return Term("kernel", k, keys, inputs, (), rows)
+
+        self._add(name, build)
+
+    def _end_term(self, v: int) -> None:
+        t = self.t
+        rank = t.values[v].type.rank
+        dic = t.def_ic[v][:rank].tolist()
+        pf = self.value_partial[v]
+        name = ("end", t.type_id_of[v], tuple(self.key_of[k] for k in dic), pf)
+
+        def build() -> Term:
+            keys = tuple(sorted({self.key_of[k] for k in dic}))
+            rows = []
+            for taken in self.key_combos(keys):
+                codes = self._codes(keys, taken, dic)
+                have = packed(t, codes, dic)
+                for (value,) in itertools.product(self.features[pf]):
+                    mask, combiner = value
+                    seconds = sum(t.resharding(v, have, mask, combiner, have).priced.seconds) if mask else 0.0
+                    rows.append(Combo(taken, (value,), (), seconds))
+            return Term("end", v, keys, (pf,), (), rows)
+
+        self._add(name, build)
+
+    def param_term(self, p: int) -> Term:
+        """A parameter's local bytes as a term (memory cuts only)."""
+        t = self.t
+        rank = t.values[p].type.rank
+        dic = t.def_ic[p][:rank].tolist()
+        name = ("param", t.type_id_of[p], tuple(self.key_of[k] for k in dic))
+        term = self.terms.get(name)
+        if term is None:
+            keys = tuple(sorted({self.key_of[k] for k in dic}))
+            rows = []
+            for taken in self.key_combos(keys):
+                codes = self._codes(keys, taken, dic)
+                size = int(t.global_bytes[p] // np.prod(t.code_size[codes[dic]])) if rank else int(t.global_bytes[p])
+                rows.append(Combo(taken, (), (), 0.0, size))
+            term = self.terms[name] = Term("param", p, keys, (), (), rows, mult=0)
+        return term
+
+
+def _emits(chain) -> bool:
+    """Whether a use's resharding puts a collective in front of it."""
+    return chain is not None and bool(chain.priced.kinds)
+
+
+def packed(t: CostTable, codes: np.ndarray, iclasses: list[int]) -> int:
+    """A tensor's packed sharding, its dimensions' I-classes taking their codes."""
+    return t.pack_dims(tuple(t.axis_tuples[c] for c in codes[iclasses]))
+
+
+# ------------------------------------------------------------ the CP-SAT model
