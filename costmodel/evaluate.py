@@ -48,7 +48,7 @@ MEMORY_PENALTY = 10.0
 
 def roofline_s(flops: int, nbytes: int, dtype: str, hardware: Hardware) -> float:
     device = hardware.device
-    return max(flops / device.peak(dtype), nbytes / device.memory_bandwidth)
+    return max(flops / device.compute_rate(dtype), nbytes / device.memory_rate)
 
 
 def collective_s(kind: str, axes: Sequence[str], operand: TensorType, result: TensorType,
@@ -60,11 +60,11 @@ def collective_s(kind: str, axes: Sequence[str], operand: TensorType, result: Te
     link = hardware.link(axes)
     f, hops = (n - 1) / n, n - 1
     if kind == "all_reduce":
-        return 2 * f * operand.num_bytes / link.bandwidth + 2 * hops * link.latency
+        return 2 * f * operand.num_bytes / link.effective_bandwidth + 2 * hops * link.latency
     if kind == "all_gather":
-        return f * result.num_bytes / link.bandwidth + hops * link.latency
+        return f * result.num_bytes / link.effective_bandwidth + hops * link.latency
     if kind in ("reduce_scatter", "all_to_all"):
-        return f * operand.num_bytes / link.bandwidth + hops * link.latency
+        return f * operand.num_bytes / link.effective_bandwidth + hops * link.latency
     raise ValueError(f"not a communicating collective: {kind}")
 
 

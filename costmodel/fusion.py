@@ -129,11 +129,11 @@ def fused_time_s(members: Sequence[FusedOp], hardware: Hardware) -> tuple[float,
     for m in members:
         cost = ops.get(m.kind).cost(m.operands, (m.result,), m.attrs)
         dtype = m.operands[0].dtype if m.operands else m.result.dtype
-        compute += cost.flops / device.peak(dtype)
+        compute += cost.flops / device.compute_rate(dtype)
         flops += cost.flops
         nbytes += sum(t.num_bytes for t, outside in zip(m.operands, m.external) if outside)
         nbytes += m.result.num_bytes if m.exported else 0
-    return max(compute, nbytes / device.memory_bandwidth), flops
+    return max(compute, nbytes / device.memory_rate), flops
 
 
 def kernel_members(fn: Function, fusion: Fusion) -> list[list[FusedOp]]:

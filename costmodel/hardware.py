@@ -101,6 +101,7 @@ def _quantity(unit: str) -> Any:
     return Annotated[float, BeforeValidator(parse)]
 
 
+Fraction = Annotated[float, Field(gt=0, le=1)]
 FlopRate = _quantity("FLOP/s")
 ByteSize = _quantity("B")
 ByteRate = _quantity("B/s")
@@ -123,6 +124,10 @@ class Device(BaseModel):
     memory: ByteSize
     memory_bandwidth: ByteRate
     source: str = ""
+    # The fractions of the datasheet figures a well-tuned kernel reaches (what an
+    # expert plans with): large matmuls' flop/s, and streaming HBM bandwidth.
+    matmul_fraction: Fraction = 1.0
+    memory_bandwidth_fraction: Fraction = 1.0
 
     @field_validator("peak_flops")
     @classmethod
@@ -139,6 +144,15 @@ class Device(BaseModel):
         """Peak flop/s for `dtype`; dtypes not listed (i32, bool, ...) use the f32 figure."""
         return self.peak_flops.get(dtype, self.peak_flops["f32"])
 
+    def compute_rate(self, dtype: str) -> float:
+        """The flop/s the cost model prices compute at: peak x matmul_fraction."""
+        return self.peak(dtype) * self.matmul_fraction
+
+    @property
+    def memory_rate(self) -> float:
+        """The HBM bytes/s the cost model prices at: bandwidth x memory_bandwidth_fraction."""
+        return self.memory_bandwidth * self.memory_bandwidth_fraction
+
 
 class Link(BaseModel):
     """One class of interconnect as a ring collective sees it."""
@@ -148,6 +162,11 @@ class Link(BaseModel):
     kind: str = Field(default="custom", min_length=1)  # nvlink, pcie, infiniband, ethernet, ici, dcn, custom
     bandwidth: ByteRate  # bytes/s one device can send in one direction
     latency: Seconds  # per hop
+    bandwidth_fraction: Fraction = 1.0  # what a tuned collective library reaches of it
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.bandwidth_fraction
 
 
 class Preset(BaseModel):
@@ -200,8 +219,9 @@ class Hardware(BaseModel):
         # Built from validated figures, so no re-validation (which would want unit strings).
         return Link.model_construct(
             kind="+".join(kinds),
-            bandwidth=min(link.bandwidth for link in links),
+            bandwidth=min(link.effective_bandwidth for link in links),
             latency=max(link.latency for link in links),
+            bandwidth_fraction=1.0,
         )
 
 
@@ -224,30 +244,46 @@ class Hardware(BaseModel):
 #   (as in DGX/HGX systems), converted from Gb/s.
 # * Latencies are not on spec sheets: they are typical per-hop values
 #   (nvlink 1us, pcie 2us, infiniband 5us, ethernet 10us, ici 1us, dcn 10us).
+# * Achievable fractions (`matmul_fraction`, `memory_bandwidth_fraction`,
+#   `Link.bandwidth_fraction`) are planning figures, not vendor figures nor
+#   measurements here: what a practitioner expects a tuned kernel or
+#   collective library to reach. Large bf16 GEMMs in cuBLAS reach about 80% of
+#   an A100's or V100's dense tensor peak and about 70% of an H100's (its peak
+#   assumes clocks that large GEMMs do not hold); the MXU keeps about 90% on
+#   large matmuls; streaming kernels reach about 90% of HBM bandwidth; NCCL's
+#   all_reduce bus bandwidth is about 80% of NVLink's and PCIe's and about
+#   90% of an InfiniBand NIC's line rate; ICI and DCN collectives about 80%.
+#   tools/calibrate.py measures the first and last on a machine at hand; a
+#   spec overrides any of them (`hardware: {achievable: ...}`, docs/specs.md).
 
 _NVLINK_LATENCY, _PCIE_LATENCY, _IB_LATENCY, _ETH_LATENCY = "1us", "2us", "5us", "10us"
 _ICI_LATENCY, _DCN_LATENCY = "1us", "10us"
+# Achievable fractions (see above): per link class, and HBM's for every device.
+LINK_FRACTIONS = {"nvlink": 0.8, "pcie": 0.8, "infiniband": 0.9, "ethernet": 0.8, "ici": 0.8, "dcn": 0.8}
+_HBM_FRACTION = 0.9
+
+
+def _link(kind: str, bandwidth: str, latency: str) -> Link:
+    return Link(kind=kind, bandwidth=bandwidth, latency=latency, bandwidth_fraction=LINK_FRACTIONS[kind])
 
 
 def _gpu_links(nvlink: str, pcie: str, infiniband: str) -> dict[str, Link]:
     return {
-        "nvlink": Link(kind="nvlink", bandwidth=nvlink, latency=_NVLINK_LATENCY),
-        "pcie": Link(kind="pcie", bandwidth=pcie, latency=_PCIE_LATENCY),
-        "infiniband": Link(kind="infiniband", bandwidth=infiniband, latency=_IB_LATENCY),
+        "nvlink": _link("nvlink", nvlink, _NVLINK_LATENCY),
+        "pcie": _link("pcie", pcie, _PCIE_LATENCY),
+        "infiniband": _link("infiniband", infiniband, _IB_LATENCY),
         # 100 Gigabit Ethernet, one port per device.
-        "ethernet": Link(kind="ethernet", bandwidth="100Gb/s", latency=_ETH_LATENCY),
+        "ethernet": _link("ethernet", "100Gb/s", _ETH_LATENCY),
     }
 
 
 def _tpu_links(ici: str, dcn: str) -> dict[str, Link]:
-    return {
-        "ici": Link(kind="ici", bandwidth=ici, latency=_ICI_LATENCY),
-        "dcn": Link(kind="dcn", bandwidth=dcn, latency=_DCN_LATENCY),
-    }
+    return {"ici": _link("ici", ici, _ICI_LATENCY), "dcn": _link("dcn", dcn, _DCN_LATENCY)}
 
 
-def _device(name: str, source: str, peaks: dict[str, str], memory: str, bandwidth: str) -> Device:
-    return Device(name=name, peak_flops=peaks, memory=memory, memory_bandwidth=bandwidth, source=source)
+def _device(name: str, source: str, peaks: dict[str, str], memory: str, bandwidth: str, matmul: float) -> Device:
+    return Device(name=name, peak_flops=peaks, memory=memory, memory_bandwidth=bandwidth, source=source,
+                  matmul_fraction=matmul, memory_bandwidth_fraction=_HBM_FRACTION)
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (SXM4): FP64 tensor core 19.5, FP32 19.5,
@@ -267,23 +303,23 @@ _HOPPER_LINKS = _gpu_links(nvlink="450GB/s", pcie="64GB/s", infiniband="400Gb/s"
 
 PRESETS: dict[str, Preset] = {
     "A100-40GB": Preset(
-        device=_device("A100-40GB", _A100_SOURCE, _A100_PEAKS, "40GiB", "1555GB/s"),
+        device=_device("A100-40GB", _A100_SOURCE, _A100_PEAKS, "40GiB", "1555GB/s", matmul=0.8),
         links=_A100_LINKS, default_link="nvlink",
     ),
     "A100-80GB": Preset(
-        device=_device("A100-80GB", _A100_SOURCE, _A100_PEAKS, "80GiB", "2039GB/s"),
+        device=_device("A100-80GB", _A100_SOURCE, _A100_PEAKS, "80GiB", "2039GB/s", matmul=0.8),
         links=_A100_LINKS, default_link="nvlink",
     ),
     "H100-SXM": Preset(
         device=_device("H100-SXM", "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
-                       _HOPPER_PEAKS, "80GiB", "3.35TB/s"),
+                       _HOPPER_PEAKS, "80GiB", "3.35TB/s", matmul=0.7),
         links=_HOPPER_LINKS, default_link="nvlink",
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): compute as H100 SXM;
     # 141GB HBM3e at 4.8TB/s; NVLink 900GB/s, PCIe Gen5 128GB/s (both directions).
     "H200": Preset(
         device=_device("H200", "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
-                       _HOPPER_PEAKS, "141GiB", "4.8TB/s"),
+                       _HOPPER_PEAKS, "141GiB", "4.8TB/s", matmul=0.7),
         links=_HOPPER_LINKS, default_link="nvlink",
     ),
     # NVIDIA Tesla V100 GPU datasheet (SXM2): FP64 7.8, FP32 15.7, tensor (FP16)
@@ -294,7 +330,7 @@ PRESETS: dict[str, Preset] = {
     "V100-32GB": Preset(
         device=_device("V100-32GB", "NVIDIA Tesla V100 GPU datasheet (SXM2)",
                        {"f64": "7.8TFLOP/s", "f32": "15.7TFLOP/s", "bf16": "125TFLOP/s", "f16": "125TFLOP/s"},
-                       "32GiB", "900GB/s"),
+                       "32GiB", "900GB/s", matmul=0.8),
         links=_gpu_links(nvlink="150GB/s", pcie="16GB/s", infiniband="100Gb/s"), default_link="nvlink",
     ),
     # NVIDIA Tesla P100 datasheet (SXM2, NVLink): FP64 5.3, FP32 10.6, FP16 21.2
@@ -304,7 +340,7 @@ PRESETS: dict[str, Preset] = {
     "P100": Preset(
         device=_device("P100", "NVIDIA Tesla P100 datasheet (SXM2)",
                        {"f64": "5.3TFLOP/s", "f32": "10.6TFLOP/s", "bf16": "21.2TFLOP/s", "f16": "21.2TFLOP/s"},
-                       "16GiB", "732GB/s"),
+                       "16GiB", "732GB/s", matmul=0.8),
         links=_gpu_links(nvlink="80GB/s", pcie="16GB/s", infiniband="100Gb/s"), default_link="nvlink",
     ),
     # TPUs. ICI: a mesh axis lies along one torus dimension, and a ring
@@ -323,14 +359,14 @@ PRESETS: dict[str, Preset] = {
     # 900GBps, 2D torus, 1024 chips and 340TB/s all-reduce per Pod.
     "TPUv3": Preset(
         device=_device("TPUv3", "Google Cloud TPU documentation: TPU v3 system architecture",
-                       {"f32": "30.75TFLOP/s", "bf16": "123TFLOP/s"}, "32GiB", "900GB/s"),
+                       {"f32": "30.75TFLOP/s", "bf16": "123TFLOP/s"}, "32GiB", "900GB/s", matmul=0.9),
         links=_tpu_links(ici="166GB/s", dcn="6.25GB/s"), default_link="ici",
     ),
     # Google Cloud TPU docs, TPU v4: 275 TFLOPS bf16 per chip, 32 GiB HBM2 at
     # 1200GBps, 3D torus, 4096 chips and 1.1PB/s all-reduce per Pod.
     "TPUv4": Preset(
         device=_device("TPUv4", "Google Cloud TPU documentation: TPU v4 system architecture",
-                       {"f32": "68.75TFLOP/s", "bf16": "275TFLOP/s"}, "32GiB", "1200GB/s"),
+                       {"f32": "68.75TFLOP/s", "bf16": "275TFLOP/s"}, "32GiB", "1200GB/s", matmul=0.9),
         links=_tpu_links(ici="90GB/s", dcn="6.25GB/s"), default_link="ici",
     ),
     # Google Cloud TPU docs, TPU v5e: 197 TFLOPS bf16 per chip, 16 GB HBM2 at
@@ -338,7 +374,7 @@ PRESETS: dict[str, Preset] = {
     # 256 chips and 51.2TB/s all-reduce per Pod.
     "TPUv5e": Preset(
         device=_device("TPUv5e", "Google Cloud TPU documentation: TPU v5e system architecture",
-                       {"f32": "49.25TFLOP/s", "bf16": "197TFLOP/s"}, "16GiB", "819GB/s"),
+                       {"f32": "49.25TFLOP/s", "bf16": "197TFLOP/s"}, "16GiB", "819GB/s", matmul=0.9),
         links=_tpu_links(ici="100GB/s", dcn="25Gb/s"), default_link="ici",
     ),
 }

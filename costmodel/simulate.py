@@ -11,8 +11,10 @@ a timeline, to show what overlap could hide and what it costs in memory:
     not: `add(exp(x), dot(y, w))` fuses the exp with the add, after the dot.
   - *One compute stream* runs every kernel that is not a communicating
     collective (`evaluate.COMMUNICATION`; `all_slice` is a local copy), in
-    program order: a kernel starts at max(the stream is free, its operands
-    are ready).
+    program order except that a kernel a collective reads moves up to just
+    after its last operand is made (so a gradient's scaling, listed by the
+    optimizer step after the backward, runs where the gradient is made): a
+    kernel starts at max(the stream is free, its operands are ready).
   - *Collectives* run beside it, each as soon as its operand is ready and
     every mesh axis it spans is free, in order of readiness, not of the
     program: an optimizer step lists every gradient reduction at its end,
@@ -168,29 +170,15 @@ def _kernels(fn: Function, hardware: Hardware) -> list[_Kernel]:
 
 def _schedule(kernels: Sequence[_Kernel], prefetch: int) -> list[tuple[float, float]]:
     """(start, end) of each kernel: an event-driven list schedule. The compute
-    stream takes its kernels in program order; a collective becomes a
+    stream takes its kernels in `_compute_order`; a collective becomes a
     candidate once its operand's producer and (an all_gather) its window's
     compute kernel are placed, and candidates go in order of earliest
     possible start (program order on ties). Each step places whichever of the
     next compute kernel and the best candidate can start first, so starts
     are placed in time order and a link's free time is all it needs."""
     spans: list[tuple[float, float] | None] = [None] * len(kernels)
-    compute = [p for p, k in enumerate(kernels) if k.axes is None]
-    before = 0  # compute kernels so far, in program order
-    gates: dict[int, list[int]] = {}  # kernel -> the collectives that wait for it to be placed
-    blocked: dict[int, int] = {}  # collective -> how many of its gates are unplaced
-    window: dict[int, int] = {}  # all_gather -> the compute kernel whose start bounds it
-    for p, k in enumerate(kernels):
-        if k.axes is None:
-            before += 1
-            continue
-        needs = set(k.deps)
-        if k.kind == "all_gather" and before > prefetch:
-            window[p] = compute[before - 1 - prefetch]
-            needs.add(window[p])
-        blocked[p] = len(needs)
-        for q in needs:
-            gates.setdefault(q, []).append(p)
+    compute = _compute_order(kernels)
+    gates, blocked, window = _gates(kernels, prefetch)
     candidates = [(0.0, p) for p, n in blocked.items() if n == 0]  # (earliest start ignoring links, kernel)
     heapq.heapify(candidates)
     compute_free, next_compute = 0.0, 0
@@ -228,6 +216,41 @@ def _schedule(kernels: Sequence[_Kernel], prefetch: int) -> list[tuple[float, fl
         place(best, best_start)
         link_free.update((a, spans[best][1]) for a in kernels[best].axes)
     return spans
+
+
+def _gates(kernels: Sequence[_Kernel], prefetch: int) -> tuple[dict[int, list[int]], dict[int, int], dict[int, int]]:
+    """What each collective waits for: (kernel -> the collectives it gates,
+    collective -> how many gates it has, all_gather -> its window's compute
+    kernel, the one `prefetch` compute kernels before it in program order)."""
+    in_program = [p for p, k in enumerate(kernels) if k.axes is None]
+    before = 0  # compute kernels so far, in program order
+    gates: dict[int, list[int]] = {}
+    blocked: dict[int, int] = {}
+    window: dict[int, int] = {}
+    for p, k in enumerate(kernels):
+        if k.axes is None:
+            before += 1
+            continue
+        needs = set(k.deps)
+        if k.kind == "all_gather" and before > prefetch:
+            window[p] = in_program[before - 1 - prefetch]
+            needs.add(window[p])
+        blocked[p] = len(needs)
+        for q in needs:
+            gates.setdefault(q, []).append(p)
+    return gates, blocked, window
+
+
+def _compute_order(kernels: Sequence[_Kernel]) -> list[int]:
+    """The compute stream's order: program order, except that a kernel whose
+    result a collective reads runs right after its last operand is made. An
+    optimizer step lists its gradient scaling after the whole backward; XLA's
+    scheduler runs it where the gradient is made, so the gradient's
+    reduction can start under the rest of the backward. Still topological:
+    every operand of a moved kernel comes before the place it moves to."""
+    feeds = {d for k in kernels if k.axes is not None for d in k.deps}
+    compute = [p for p, k in enumerate(kernels) if k.axes is None]
+    return sorted(compute, key=lambda p: (max(kernels[p].deps, default=-1) + 0.5 if p in feeds else p, p))
 
 
 def _memory(fn: Function, kernels: Sequence[_Kernel],

@@ -34,6 +34,8 @@ from costmodel.fusion import FUSION, FusedOp, fuse, fused_time_s
 from ir import ops
 from ir.sharding import local_type
 
+_KEY_LIMIT = 1 << 62  # packed integer keys stay below this (int64, with room to spare)
+
 
 @dataclass(frozen=True, slots=True)
 class _Kernel:
@@ -74,6 +76,7 @@ class FusedKernels:
                          np.array([self.kernels[k].signature for k in ks], dtype=np.int64),
                          np.array([self.kernels[k].iclasses for k in ks], dtype=np.int64).reshape(len(ks), width))
                         for width, ks in sorted(by_width.items())]
+        self.sizes = np.array([len(k.ops) for k in self.kernels], dtype=np.int64)
         self._memo: dict[tuple, tuple[float, int]] = {}
 
     def _kernel(self, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
@@ -107,27 +110,36 @@ class FusedKernels:
     def evaluate(self, codes: np.ndarray, cut_edges: Collection[int], by_kind: Counter[str]) -> tuple[int, int, int]:
         """Add every kernel's time to `by_kind`; return (flops, kernels, fused ops):
         the pieces' count and how many ops run inside a piece of several."""
-        cut_kernels = {int(self.kernel_of_edge[e]) for e in cut_edges if self.kernel_of_edge[e] >= 0}
+        hit = self.kernel_of_edge[np.fromiter(cut_edges, dtype=np.int64, count=len(cut_edges))]
+        cut = np.unique(hit[hit >= 0])
         flops = kernels = fused_ops = 0
+        base = max(len(self.t.axis_tuples), 2)
         for members, sigs, iclasses in self.buckets:
-            keep = np.array([k not in cut_kernels for k in members.tolist()], dtype=bool) if cut_kernels else None
             rows = np.column_stack([sigs, codes[iclasses]])
             reps = members
-            if keep is not None:
+            if len(cut):
+                keep = ~np.isin(members, cut)
                 rows, reps = rows[keep], members[keep]
             if not len(rows):
                 continue
-            uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+            width = rows.shape[1]
+            if (len(self.kernels) + 1) * base ** (width - 1) < _KEY_LIMIT:  # one integer per row: faster
+                # The signature (any size) is the most significant digit, each code (< base) one below it.
+                weights = np.append(base ** (width - 1), base ** np.arange(width - 1, dtype=np.int64))
+                keys = rows @ weights
+                _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+            else:
+                _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
             times = np.bincount(inverse.reshape(-1), minlength=len(first))
-            for row, rep, count in zip(uniq.tolist(), first.tolist(), times.tolist()):
-                seconds, kernel_flops = self._price(int(reps[rep]), tuple(row), (), codes)
+            for rep, count in zip(first.tolist(), times.tolist()):
+                seconds, kernel_flops = self._price(int(reps[rep]), tuple(rows[rep].tolist()), (), codes)
                 by_kind[FUSION] += seconds * count
                 flops += kernel_flops * count
             kernels += len(rows)
-            fused_ops += sum(len(self.kernels[k].ops) for k in reps.tolist())
-        cut = set(cut_edges)
-        for k in sorted(cut_kernels):
-            f, n, fused = self._evaluate_cut(k, codes, cut, by_kind)
+            fused_ops += int(self.sizes[reps].sum())
+        cut_set = set(cut_edges)
+        for k in cut.tolist():
+            f, n, fused = self._evaluate_cut(k, codes, cut_set, by_kind)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
 

@@ -309,7 +309,7 @@ def check_schedule(fn: Function, timeline: Timeline) -> None:
         for v in op.operands:
             if v in producer and producer[v] is not task:
                 assert task.start_s >= producer[v].end_s - eps, f"{task.name} starts before {v.name} is ready"
-    compute = [t for t in timeline.tasks if t.stream == "compute"]
+    compute = sorted((t for t in timeline.tasks if t.stream == "compute"), key=lambda t: (t.start_s, t.end_s))
     comm = [t for t in timeline.tasks if t.stream != "compute"]
     assert all(b.start_s >= a.end_s - eps for a, b in zip(compute, compute[1:])), "compute stream overlaps"
     for j, b in enumerate(comm):
@@ -425,3 +425,27 @@ def test_chrome_trace_of_random_programs_is_json_with_well_formed_tracks(seed):
     assert_slices_do_not_overlap(complete)
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     assert names == {"compute"} | {"comm: " + t.stream[5:] for t in timeline.tasks if t.stream != "compute"}
+
+
+def test_a_kernel_feeding_a_collective_runs_where_its_operand_is_made():
+    # An optimizer step lists the gradient scaling (neg here) after the whole backward; the compute
+    # stream runs s2 right after g2, so r2 overlaps g1's matmul.
+    fn = parse("""
+    func @f(%a: tensor<64x128xf32>, %b: tensor<128x256xf32>) -> (tensor<64x256xf32>, tensor<64x256xf32>) mesh<x=2> {
+      %g2 = dot_general(%a, %b) {contract = [[1], [0]]} : tensor<64x256xf32>
+      %g1 = dot_general(%a, %b) {contract = [[1], [0]]} : tensor<64x256xf32>
+      %s2 = neg(%g2) : tensor<64x256xf32>
+      %s1 = neg(%g1) : tensor<64x256xf32>
+      %r2 = all_reduce(%s2) {axes = ["x"]} : tensor<64x256xf32>
+      %r1 = all_reduce(%s1) {axes = ["x"]} : tensor<64x256xf32>
+      return %r1, %r2
+    }""")
+    timeline = simulate(fn, hardware(["x"]))
+    tasks = by_name(timeline)
+    neg = 2 * 65536 / 1e11  # memory-bound: read and write 64 KiB
+    ar = 2 * 0.5 * 65536 / 1e11 + 2 * 1e-6
+    assert [tasks[n].start_s for n in ("%g2", "%s2", "%g1", "%s1")] == pytest.approx(
+        [0, T, T + neg, 2 * T + neg], rel=1e-12)
+    assert tasks["%r2"].start_s == pytest.approx(T + neg, rel=1e-12)  # under g1
+    assert timeline.makespan_s == pytest.approx(2 * T + 2 * neg + ar, rel=1e-12)
+    check_schedule(fn, timeline)

@@ -70,7 +70,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.hardware import PRESET_NAMES, Device, Hardware, Link, preset_hardware
+from costmodel.hardware import PRESET_NAMES, Device, Fraction, Hardware, Link, preset_hardware
 from costmodel.hardware import PRESETS as HARDWARE_PRESETS
 from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
@@ -271,6 +271,24 @@ def _link_choice(value: Any, info: ValidationInfo) -> Any:
     return links[value]
 
 
+class AchievableSpec(_Strict):
+    """`hardware.achievable:` overrides of the preset's achievable fractions
+    (each in (0, 1]): of peak flop/s on matmuls, of HBM bandwidth, and of a
+    mesh axis's link bandwidth."""
+
+    matmul: Fraction | None = None
+    memory_bandwidth: Fraction | None = None
+    links: dict[str, Fraction] = Field(default_factory=dict)  # mesh axis -> fraction
+
+    def apply(self, hardware: Hardware) -> Hardware:
+        device = hardware.device.model_copy(update={
+            k: v for k, v in (("matmul_fraction", self.matmul), ("memory_bandwidth_fraction", self.memory_bandwidth))
+            if v is not None})
+        links = {axis: link.model_copy(update={"bandwidth_fraction": self.links[axis]}) if axis in self.links else link
+                 for axis, link in hardware.links.items()}
+        return Hardware(name=hardware.name, device=device, links=links)
+
+
 class HardwareSpec(_Strict):
     """`hardware:` as a mapping: a preset with links chosen per mesh axis, or
     an inline device with a link for every mesh axis. Mesh axes are checked
@@ -279,6 +297,7 @@ class HardwareSpec(_Strict):
     preset: str | None = None
     device: Device | None = None
     links: dict[str, Annotated[Link, BeforeValidator(_link_choice)]] = Field(default_factory=dict)
+    achievable: AchievableSpec | None = None
 
     @field_validator("preset")
     @classmethod
@@ -306,8 +325,10 @@ class HardwareSpec(_Strict):
         the spec validated)."""
         if self.preset is not None:
             base = preset_hardware(self.preset, axes)
-            return Hardware(name=self.preset, device=base.device, links={**base.links, **self.links})
-        return Hardware(name=self.device.name, device=self.device, links={a: self.links[a] for a in axes})
+            hardware = Hardware(name=self.preset, device=base.device, links={**base.links, **self.links})
+        else:
+            hardware = Hardware(name=self.device.name, device=self.device, links={a: self.links[a] for a in axes})
+        return self.achievable.apply(hardware) if self.achievable else hardware
 
 
 def _check_hardware_preset(name: str) -> None:
@@ -399,6 +420,10 @@ class Spec(_Strict):
         for axis in hardware.links:
             if axis not in self.mesh:
                 raise ValueError(f"hardware.links.{axis}: not a mesh axis; mesh axes: {', '.join(self.mesh)}")
+        for axis in hardware.achievable.links if hardware.achievable else ():
+            if axis not in self.mesh:
+                raise ValueError(f"hardware.achievable.links.{axis}: not a mesh axis; "
+                                 f"mesh axes: {', '.join(self.mesh)}")
         missing = [axis for axis in self.mesh if axis not in hardware.links]
         if hardware.device is not None and missing:
             raise ValueError(f"hardware.links: no link for mesh axis {', '.join(missing)}; an inline device needs "
