@@ -170,7 +170,8 @@ class Case:
 def _transformer(**options) -> Case:
     sizes = dict(layers=2, d_model=8, heads=2, head_dim=4, mlp_hidden=12, vocab=10, seq=4, batch=4)
     qkv = "wqkv" if options.get("fused_qkv") else "wq"
-    return Case(lambda: build("transformer", **sizes, **options), "batch.tokens",
+    sizes.update(options)
+    return Case(lambda: build("transformer", **sizes), "batch.tokens",
                 tuple((f"layers.{l}.{w}", 1) for l in range(2) for w in (f"attn.{qkv}", "mlp.w_up")))
 
 
@@ -187,6 +188,7 @@ CASES = {
     "transformer_mha": _transformer(),
     "transformer_mqa_gated_tied": _transformer(kv_heads=1, gated_mlp=True, tied_embeddings=True),
     "transformer_fused_layernorm": _transformer(fused_qkv=True, norm="layer"),
+    "transformer_gqa": _transformer(heads=4, kv_heads=2, head_dim=2, gated_mlp=True),
 }
 
 

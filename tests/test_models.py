@@ -140,7 +140,8 @@ def numpy_norm(x, p, name, norm):
 
 
 def numpy_qkv(x, p, prefix, heads, kv_heads, fused):
-    """q, k, v as [batch, seq, heads, head_dim]; MQA's one k/v head broadcast to every query head."""
+    """q, k, v as [batch, seq, heads, head_dim]; each k/v head repeated for its
+    heads / kv_heads query heads (GQA; MQA's one head for all of them)."""
     if fused:
         qkv = np.einsum("bsd,dnh->bsnh", x, p[f"{prefix}wqkv"])
         q, k, v = qkv[:, :, :heads], qkv[:, :, heads:heads + kv_heads], qkv[:, :, heads + kv_heads:]
@@ -148,8 +149,8 @@ def numpy_qkv(x, p, prefix, heads, kv_heads, fused):
         w = {n: p[f"{prefix}{n}"] for n in ("wq", "wk", "wv")}
         w = {n: m if m.ndim == 3 else m[:, None, :] for n, m in w.items()}
         q, k, v = (np.einsum("bsd,dnh->bsnh", x, w[n]) for n in ("wq", "wk", "wv"))
-    shape = q.shape
-    return q, np.broadcast_to(k, shape), np.broadcast_to(v, shape)
+    group = heads // k.shape[2]
+    return q, np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
 
 
 def numpy_transformer(p, cfg):
@@ -184,6 +185,8 @@ TRANSFORMER_CASES = [
     dict(fused_qkv=True, causal=False, norm="layer"),
     dict(kv_heads=1, causal=False, tied_embeddings=True),
     dict(gated_mlp=True, fused_qkv=True, tied_embeddings=True, norm="layer"),
+    dict(heads=6, kv_heads=2, gated_mlp=True),  # grouped-query: 3 query heads per key/value head
+    dict(heads=6, kv_heads=3, fused_qkv=True, causal=False),
 ]
 
 
@@ -198,7 +201,7 @@ def test_transformer_matches_numpy(options):
 
 def expected_transformer_shapes(d, heads, head_dim, hidden, vocab, kv_heads, gated, tied, fused, layer_norm):
     """Parameter names and shapes as specified, in Function order (after the batch inputs)."""
-    kv_shape = (d, heads, head_dim) if kv_heads == heads else (d, head_dim)
+    kv_shape = (d, head_dim) if kv_heads == 1 and heads > 1 else (d, kv_heads, head_dim)
 
     def norm(name):
         return [(f"{name}.scale", (d,))] + ([(f"{name}.bias", (d,))] if layer_norm else [])
@@ -218,22 +221,23 @@ def expected_transformer_shapes(d, heads, head_dim, hidden, vocab, kv_heads, gat
 
 @pytest.mark.parametrize("options", TRANSFORMER_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_transformer_parameters_are_named_shaped_and_ordered(options):
-    model = transformer(**SMALL, layers=2, **options)
+    model = transformer(**{**SMALL, "layers": 2, **options})
     params = [(p.name, p.type.shape) for p in model.function.params]
     assert params[:2] == [("batch.tokens", (2, 5)), ("batch.targets", (2, 5))]
     assert all(p.type.dtype == "i32" for p in model.function.params[:2])
-    kv_heads = options.get("kv_heads") or SMALL["heads"]
+    heads = options.get("heads", SMALL["heads"])
+    kv_heads = options.get("kv_heads") or heads
     assert params[2:] == expected_transformer_shapes(
-        12, 3, 4, 7, 11, kv_heads, options.get("gated_mlp", False), options.get("tied_embeddings", False),
+        12, heads, 4, 7, 11, kv_heads, options.get("gated_mlp", False), options.get("tied_embeddings", False),
         options.get("fused_qkv", False), options.get("norm") == "layer")
     assert model.params == tuple(name for name, _ in params[2:])
     assert model.inputs == ("batch.tokens", "batch.targets") and model.state == ()
     assert model.function.name == "transformer"
 
 
-def test_transformer_rejects_gqa_and_unknown_norms():
-    with pytest.raises(ValueError, match="GQA"):
-        transformer(heads=4, kv_heads=2)
+def test_transformer_rejects_kv_heads_not_dividing_heads_and_unknown_norms():
+    with pytest.raises(ValueError, match="kv_heads must divide heads"):
+        transformer(heads=4, kv_heads=3)
     with pytest.raises(ValueError, match="norm"):
         transformer(norm="batch")
 

@@ -331,7 +331,8 @@ def load_error_text(text: str) -> tuple[None, str]:
      "hardware.links.batch.latency: missing unit, e.g. '5us'"),
     ("{preset: H100-SXM, links: {batch: {bandwidth: 25GB/s}}}", "hardware.links.batch.latency: Field required"),
     ("{preset: H100-SXM, links: {batch: {bandwith: 25GB/s, latency: 5us}}}",
-     "hardware.links.batch.bandwith: unknown key; valid keys: kind, bandwidth, latency, bandwidth_fraction (and 1 more)"),
+     "hardware.links.batch.bandwith: unknown key; valid keys: kind, bandwidth, latency, bandwidth_fraction "
+     "(and 1 more)"),
     ("{name: H100-SXM}", "hardware.name: unknown key; valid keys: preset, device, links"),
     ("{links: {}}", "hardware: missing preset or device: a preset (A100-40GB,"),
     ("{links: {batch: nvlink}}", "hardware.links.batch: link class 'nvlink' needs a valid preset, e.g. preset: H100"),

@@ -28,6 +28,8 @@ MODELS = {
     "transformer-train": lambda: training_step(build("transformer", **SMALL)),
     "transformer-mqa-layernorm-gated-tied": lambda: training_step(build(
         "transformer", **SMALL, kv_heads=1, norm="layer", gated_mlp=True, tied_embeddings=True)),
+    "transformer-gqa": lambda: training_step(build("transformer", **{**SMALL, "heads": 4, "head_dim": 2},
+                                                   kv_heads=2)),
 }
 # Models on which some of the random plans put a collective inside a kernel.
 CUT = {"simplified_attention", "transformer-train", "transformer-mqa-layernorm-gated-tied"}

@@ -31,6 +31,8 @@ _ATTENTION_SPECS = {
     (4, 4): ("bsnh,btnh->bnst", "bnst,btnh->bnsh"),  # multi-head
     (4, 3): ("bsnh,bth->bsnt", "bsnt,bth->bsnh"),  # multi-query: one k/v head shared by all query heads
 }
+# Grouped-query: q reshaped to [b, s, g, r, h] (g key/value heads of r query heads each).
+_GROUPED_SPECS = ("bsgrh,btgh->bgsrt", "bgsrt,btgh->bgsrh")
 
 
 def simplified_attention(seq: int = 8, d_model: int = 16, d_head: int = 16, dtype: str = "f32") -> Model:
@@ -104,19 +106,27 @@ def attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, mask: Value | No
     """softmax(q k^T / sqrt(head_dim)) v, projected by `wo`: [batch, seq, d_model].
 
     q is [batch, seq, head_dim] (single head) or [batch, seq, heads, head_dim];
-    k and v are [batch, seq, heads, head_dim] like q, or [batch, seq, head_dim]
-    (one head, shared by all query heads when q has several); wo is
+    k and v are [batch, seq, heads, head_dim] like q, [batch, seq, kv_heads,
+    head_dim] with kv_heads dividing heads (grouped-query: query head n uses
+    key/value head n // (heads / kv_heads)), or [batch, seq, head_dim] (one
+    head, shared by all query heads when q has several); wo is
     [head_dim, d_model] or [heads, head_dim, d_model]. The softmax is over key
     positions; `mask` [seq (query), seq (key)] keeps scores where true and sets
     the rest to -inf. `prefix` starts the names of the values emitted.
     """
-    specs = _ATTENTION_SPECS.get((q.type.rank, k.type.rank))
-    if specs is None:
+    grouped = q.type.rank == k.type.rank == 4 and q.type.shape[2] != k.type.shape[2]
+    specs = _GROUPED_SPECS if grouped else _ATTENTION_SPECS.get((q.type.rank, k.type.rank))
+    if specs is None or (grouped and q.type.shape[2] % k.type.shape[2]):
         raise ValueError(f"attend: unsupported q, k types {q.type}, {k.type}")
     scores_spec, context_spec = specs
     # Scaling q rather than the scores: the same result with seq/head_dim
     # times fewer multiplies.
     q = b.mul(q, 1.0 / math.sqrt(q.type.shape[-1]), name=f"{prefix}q_scaled")
+    if grouped:  # query heads n = (kv head g, member r): g major, as a reshape splits it
+        batch, seq, heads, head_dim = q.type.shape
+        groups = k.type.shape[2]
+        q = b.reshape(q, [batch, seq, groups, heads // groups, head_dim], name=f"{prefix}q_grouped")
+        wo = b.reshape(wo, [groups, heads // groups, *wo.type.shape[1:]], name=f"{prefix}wo_grouped")
     scores = b.einsum(scores_spec, q, k, name=f"{prefix}scores")
     scores_dims = scores_spec.split("->")[1]
     if mask is not None:
@@ -125,5 +135,5 @@ def attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, mask: Value | No
     probs = b.softmax(scores, axis=scores_dims.index("t"), name=f"{prefix}probs")
     context = b.einsum(context_spec, probs, v, name=f"{prefix}context")
     context_dims = context_spec.split("->")[1]
-    head_dims = [context_dims.index(c) for c in "nh" if c in context_dims]
+    head_dims = [context_dims.index(c) for c in "ngrh" if c in context_dims]
     return b.dot_general(context, wo, [head_dims, list(range(len(head_dims)))], name=f"{prefix}out")

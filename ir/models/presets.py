@@ -3,8 +3,12 @@
   gemma_2b        Gemma 2B: MQA, GeGLU, tied embeddings (published: 2.51e9 parameters)
   gemma_7b        Gemma 7B: MHA, GeGLU, tied embeddings (published: 8.54e9 parameters)
   chinchilla_32l  a 32-layer Chinchilla-style model: MHA, plain GELU MLP, untied
+  llama2_70b      Llama 2 70B: GQA (64 query heads, 8 key/value heads), gated MLP,
+                  untied, sequences of 4096, a global batch of 1024 (published:
+                  6.9e10 parameters; the builder's gate is GELU where Llama's is
+                  SiLU, the same shapes and cost)
 
-All train on sequences of 2048 tokens in bf16. Gemma's (1 + scale) RMSNorm and
+The others train on sequences of 2048 tokens, all in bf16. Gemma's (1 + scale) RMSNorm and
 sqrt(d_model) embedding scaling are not modelled: they change no shapes.
 """
 
@@ -27,8 +31,14 @@ chinchilla_32l: dict[str, Any] = dict(
     vocab=32000, tied_embeddings=False, norm="rms", seq=2048, batch=48, dtype="bf16",
 )
 
+llama2_70b: dict[str, Any] = dict(
+    layers=80, d_model=8192, heads=64, kv_heads=8, head_dim=128, gated_mlp=True, mlp_hidden=28672,
+    vocab=32000, tied_embeddings=False, norm="rms", seq=4096, batch=1024, dtype="bf16",
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "gemma_2b": gemma_2b,
     "gemma_7b": gemma_7b,
     "chinchilla_32l": chinchilla_32l,
+    "llama2_70b": llama2_70b,
 }

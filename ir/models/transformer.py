@@ -6,7 +6,8 @@ i32, embed.table [vocab, d_model], layers.{l}.*, final_norm.*, unembed) -> (loss
 Per layer l (names start with `layers.{l}.`):
   attn_norm.scale [d_model] (+ attn_norm.bias for norm="layer")
   attn.wq [d_model, heads, head_dim]
-  attn.wk, attn.wv [d_model, heads, head_dim] (MHA) or [d_model, head_dim] (MQA)
+  attn.wk, attn.wv [d_model, kv_heads, head_dim] (MHA: kv_heads = heads; GQA:
+    kv_heads divides heads) or [d_model, head_dim] (MQA: kv_heads = 1)
     or, with fused_qkv, one attn.wqkv [d_model, heads + 2 * kv_heads, head_dim]
   attn.wo [heads, head_dim, d_model]
   mlp_norm.scale (+ mlp_norm.bias)
@@ -46,7 +47,8 @@ class _Layout:
 
     @property
     def multi_query(self) -> bool:
-        return self.kv_heads != self.heads
+        """One key/value head shared by every query head (its weights have no heads dim)."""
+        return self.kv_heads == 1 and self.heads > 1
 
     def param(self, b: Builder, name: str, shape: list[int]) -> Value:
         return b.param(name, shape, self.dtype)
@@ -60,7 +62,8 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
 
     kv_heads: None or `heads` for multi-head attention, 1 for multi-query
     attention (one key/value head shared by all query heads; with heads == 1
-    it is multi-head); grouped-query attention is not supported.
+    it is multi-head), or any other divisor of `heads` for grouped-query
+    attention (each key/value head shared by heads / kv_heads query heads).
     norm: "rms" (RMSNorm) or "layer" (LayerNorm, with a bias).
     gated_mlp: GeGLU, gelu(x @ w_gate) * (x @ w_up), instead of gelu(x @ w_up).
     tied_embeddings: the logits reuse embed.table.
@@ -83,12 +86,12 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
 
 
 def _kv_heads(heads: int, kv_heads: int | None) -> int:
-    """Key/value heads: `heads` (multi-head) or 1 (multi-query)."""
+    """Key/value heads: `heads` (multi-head), 1 (multi-query) or a divisor of `heads` (grouped-query)."""
     if kv_heads is None:
         return heads
-    if kv_heads not in (heads, 1):
-        raise ValueError(f"kv_heads={kv_heads} with heads={heads}: grouped-query attention (GQA) is not "
-                         f"supported; use kv_heads=None or {heads} (multi-head) or 1 (multi-query)")
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} with heads={heads}: kv_heads must divide heads "
+                         f"({heads} for multi-head, 1 for multi-query, another divisor for grouped-query)")
     return kv_heads
 
 
@@ -144,7 +147,7 @@ def _project_qkv(b: Builder, layout: _Layout, x: Value, prefix: str) -> tuple[Va
         return _project_fused_qkv(b, layout, x, prefix)
     d, heads, head_dim = layout.d_model, layout.heads, layout.head_dim
     wq = layout.param(b, f"{prefix}wq", [d, heads, head_dim])
-    kv_shape = [d, head_dim] if layout.multi_query else [d, heads, head_dim]
+    kv_shape = [d, head_dim] if layout.multi_query else [d, layout.kv_heads, head_dim]
     wk = layout.param(b, f"{prefix}wk", kv_shape)
     wv = layout.param(b, f"{prefix}wv", kv_shape)
     kv_spec = "bsd,dh->bsh" if layout.multi_query else "bsd,dnh->bsnh"

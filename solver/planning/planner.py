@@ -70,18 +70,20 @@ class Prepared:
     nda: NDA
     baseline: Cost
     seconds: dict[str, float]
+    remat: tuple[str, ...] = ()  # the layers rematerialized in this program
 
 
-def prepare(spec: Spec) -> Prepared:
-    """Build the spec's program, analyze it and cost it on one device."""
+def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
+    """Build the spec's program (with the layers matching `remat`
+    rematerialized), analyze it and cost it on one device."""
     start = time.perf_counter()
-    model = spec.build()
+    model = spec.build(remat)
     built = time.perf_counter()
     nda = analyze(model.function, model.params)
     analyzed = time.perf_counter()
     baseline = evaluate(model.function, spec.hardware_obj())
     return Prepared(model, nda, baseline, {"build": built - start, "analysis": analyzed - built,
-                                           "baseline": time.perf_counter() - analyzed})
+                                           "baseline": time.perf_counter() - analyzed}, remat)
 
 
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
@@ -93,8 +95,11 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     own backends); a named backend runs its auto tactics with that backend
     or, if the schedule has none, a fully automatic schedule (auto on every
     mesh axis) hinted with the schedule's manual plan. `prepared` reuses the
-    program of an earlier call on the same spec."""
-    prepared = prepared or prepare(spec)
+    program of an earlier call on the same spec (unless the schedule
+    rematerializes other layers: a remat tactic changes the program)."""
+    remat = spec.remat(schedule)
+    if prepared is None or prepared.remat != remat:
+        prepared = prepare(spec, remat)
     model, nda = prepared.model, prepared.nda
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)

@@ -48,6 +48,7 @@ that carry an `expect:` block (what `shardplan check` asserts).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import os
@@ -76,8 +77,9 @@ from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
+from ir.remat import layer_segments, rematerialize, select_layers
 from ir.stablehlo import import_module
-from solver.planning.tactics import Auto, Manual, Replicate, Resolve, Tactic
+from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
 # PartitionSpecs, where plain identifiers need no quoting.
@@ -189,19 +191,26 @@ class AutoSpec(_Strict):
     iterations: int = Field(default=200, ge=1)  # MCTS trajectories
 
 
+class RematSpec(_Strict):
+    """`remat:` recompute the forward of these layers (globs over `layers.<l>`) in the backward."""
+
+    values: list[str] = Field(min_length=1)
+
+
 class TacticSpec(_Strict):
-    """One schedule entry: exactly one of manual, replicate, resolve, auto."""
+    """One schedule entry: exactly one of manual, replicate, resolve, remat, auto."""
 
     manual: ManualSpec | None = None
     replicate: ReplicateSpec | None = None
     resolve: dict[int, Literal[0, 1]] | None = None
+    remat: RematSpec | None = None
     auto: AutoSpec | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> TacticSpec:
-        given = [k for k in ("manual", "replicate", "resolve", "auto") if getattr(self, k) is not None]
+        given = [k for k in ("manual", "replicate", "resolve", "remat", "auto") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("a schedule entry is exactly one of manual, replicate, resolve, auto; "
+            raise ValueError("a schedule entry is exactly one of manual, replicate, resolve, remat, auto; "
                              f"got {given or 'none'}")
         return self
 
@@ -219,6 +228,8 @@ class TacticSpec(_Strict):
             return Replicate(self.replicate.axis, tuple(self.replicate.values))
         if self.resolve is not None:
             return Resolve(tuple(sorted(self.resolve.items())))
+        if self.remat is not None:
+            return Remat(tuple(self.remat.values))
         a = self.auto
         return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations)
 
@@ -477,19 +488,35 @@ class Spec(_Strict):
         """The spec's mesh as an IR Mesh, axes in the spec's order (major to minor)."""
         return Mesh.from_pairs(self.mesh.items())
 
-    def build(self) -> Model:
-        """Trace the model; for `step: train`, its training step with the optimizer."""
+    def build(self, remat: tuple[str, ...] = ()) -> Model:
+        """Trace the model; for `step: train`, its training step with the
+        optimizer, with the layers matching `remat` rematerialized (`ir.remat`)."""
         model = self._build_forward()
         if self.model.step == "forward":
+            if remat:
+                raise SpecError(f"{self._source}: remat recomputes a layer's forward in the backward; "
+                                "it needs model.step: train")
             return model
         first = model.function.results[0]
         if first.type.shape != ():
             raise SpecError(f"{self._source}: model.step: train needs a scalar loss, but the program's first result "
                             f"%{first.name} is {first.type} (an inference program: use step: forward)")
         try:
-            return training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]())
+            step = training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]())
         except IRError as exc:  # e.g. integer args.dtype: nothing to differentiate
             raise SpecError(f"{self._source}: model.step: {exc}") from exc
+        if not remat:
+            return step
+        forward_ops = len(model.function.ops)
+        try:
+            layers = select_layers(layer_segments(step.function, forward_ops), remat)
+        except IRError as exc:
+            raise SpecError(f"{self._source}: {exc}") from exc
+        return dataclasses.replace(step, function=rematerialize(step.function, forward_ops, layers))
+
+    def remat(self, name: str | None = None) -> tuple[str, ...]:
+        """The layer globs the schedule's remat tactics name, in order."""
+        return tuple(dict.fromkeys(v for t in self.tactics(name) if isinstance(t, Remat) for v in t.values))
 
     def _build_forward(self) -> Model:
         spec = self.model

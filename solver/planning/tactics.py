@@ -70,6 +70,15 @@ class Resolve:
 
 
 @dataclass(frozen=True, slots=True)
+class Remat:
+    """Recompute the forward of the layers matching `values` (globs over
+    `layers.<l>`) in the backward: a change of the program, made when it is
+    built (`ir.remat`), so `apply_schedule` passes over it."""
+
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
@@ -79,7 +88,7 @@ class Auto:
     iterations: int = 200  # MCTS trajectories
 
 
-Tactic = Manual | Pin | Replicate | Resolve | Auto
+Tactic = Manual | Pin | Replicate | Resolve | Remat | Auto
 
 
 Search = Callable[[Plan, Auto, str], Plan]
@@ -102,6 +111,8 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
             plan = _pin(nda, plan, tactic, where)
         elif isinstance(tactic, Resolve):
             plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
+        elif isinstance(tactic, Remat):
+            continue  # applied to the program when it is built (planner.prepare)
         else:
             for axis in tactic.axes:
                 _check_axis(mesh, axis, where)

@@ -1,0 +1,151 @@
+"""Rematerialization: recompute a layer's forward in the backward instead of
+keeping its activations (what `jax.checkpoint` does to a layer).
+
+A training step (`ir.autodiff.training_step`) is its forward ops, then the
+backward and the optimizer update. The backward reads many forward values:
+every activation a layer's VJPs need, kept from the forward to the layer's
+backward, which for deep models is most of the memory. `rematerialize`
+rewrites the step so that the chosen layers keep only their output (the
+next layer's input): right before the first backward op that reads one of
+a layer's activations, a copy of the forward ops that make those
+activations is inserted (values named `<name>.remat`), reading the layer's
+input and parameters, and the backward reads the copies. The values are the
+same (the ops are deterministic), so the step computes exactly what it did;
+the forward's activations now die in the forward, and each layer's copies
+live only through its own backward. The price is the forward's flops again.
+
+Layers are found by name, as the model builders write them: layer l's
+forward ends at the value `layers.<l>.out` and starts after the previous
+layer's; its ops are those of that range that depend on its input or on a
+`layers.<l>.` parameter, and the ops of the range those read (a fill, the
+mask broadcast to the scores' shape). A mask computed once before the
+layers is outside every range, and is kept. A pure function: it returns a new Function.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Collection, Sequence
+
+from ir.core import Function, IRError, Op, Value
+
+_LAYER_OUT = re.compile(r"layers\.(\d+)\.out")
+
+
+def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]:
+    """Layer index -> the indices of its forward ops (see the module docstring),
+    among the first `forward_ops` ops of `fn`."""
+    outputs = {}
+    for i, op in enumerate(fn.ops[:forward_ops]):
+        for r in op.results:
+            match = _LAYER_OUT.fullmatch(r.name)
+            if match:
+                outputs[int(match[1])] = i
+    readers: dict[Value, list[int]] = {}
+    for i, op in enumerate(fn.ops[:forward_ops]):
+        for v in op.operands:
+            readers.setdefault(v, []).append(i)
+    segments = {}
+    start, source = 0, None
+    for layer in sorted(outputs):
+        end = outputs[layer]
+        segments[layer] = _layer_ops(fn, range(start, end + 1), f"layers.{layer}.", source, readers)
+        start, source = end + 1, fn.ops[end].results[0]
+    return segments
+
+
+def _layer_ops(fn: Function, span: range, prefix: str, source: Value | None,
+               readers: dict[Value, list[int]]) -> tuple[int, ...]:
+    """The ops of `span` that are one layer's (module docstring): those reached
+    from its input `source` or its parameters, and what they read from the
+    span that no later layer reads and that reads no other parameter."""
+    reached = {p for p in fn.params if p.name.startswith(prefix)} | ({source} if source is not None else set())
+    members = []
+    for i in span:
+        if any(v in reached for v in fn.ops[i].operands):
+            members.append(i)
+            reached.update(fn.ops[i].results)
+    chosen = set(members)
+    used = {v for i in members for v in fn.ops[i].operands}
+    others = {p for p in fn.params if not p.name.startswith(prefix)}
+    for i in reversed(span):
+        op = fn.ops[i]
+        if i in chosen or not used & set(op.results):
+            continue
+        # Not what reads other parameters (the embedding is the first layer's input), nor what
+        # later layers read too (a mask computed in the first layer's span is shared).
+        if others & set(op.operands) or any(j > span[-1] for r in op.results for j in readers.get(r, ())):
+            continue
+        chosen.add(i)
+        used.update(op.operands)
+    return tuple(sorted(chosen))
+
+
+def select_layers(segments: Collection[int], patterns: Sequence[str]) -> list[int]:
+    """The layers whose name `layers.<l>` matches one of the glob `patterns`
+    (`layers.*`, `layers.1?`)."""
+    chosen = [layer for layer in sorted(segments) if any(fnmatch.fnmatchcase(f"layers.{layer}", p) for p in patterns)]
+    if not chosen:
+        raise IRError(f"remat: no layer matches {', '.join(patterns)}; the program's layers are "
+                      f"layers.0 .. layers.{max(segments)}" if segments else
+                      "remat: the program has no layers (values named layers.<l>.out)")
+    return chosen
+
+
+def rematerialize(fn: Function, forward_ops: int, layers: Sequence[int]) -> Function:
+    """`fn` (a training step whose first `forward_ops` ops are its forward)
+    with the forward of each of `layers` recomputed in the backward."""
+    segments = layer_segments(fn, forward_ops)
+    missing = [layer for layer in layers if layer not in segments]
+    if missing:
+        raise IRError(f"remat: no layer {missing[0]} in {fn.name} (values named layers.<l>.out)")
+    ops = list(fn.ops)
+    inserts: dict[int, list[Op]] = {}  # backward op index -> recomputation to emit before it
+    renamed: dict[int, dict[Value, Value]] = {}  # backward op index -> operand substitutions
+    for layer in layers:
+        _plan_layer(fn, forward_ops, segments[layer], inserts, renamed)
+    out: list[Op] = []
+    for i, op in enumerate(ops):
+        out += inserts.get(i, [])
+        subs = renamed.get(i)
+        out.append(op if not subs else Op(op.kind, tuple(subs.get(v, v) for v in op.operands), op.results, op.attrs))
+    return Function(fn.name, fn.params, tuple(out), fn.results, fn.mesh)
+
+
+def _plan_layer(fn: Function, forward_ops: int, members: tuple[int, ...], inserts: dict, renamed: dict) -> None:
+    """Where one layer's recomputation goes and which backward reads it replaces."""
+    inside = {r for i in members for r in fn.ops[i].results}
+    member_set = set(members)
+    read_later = {v for i, op in enumerate(fn.ops[:forward_ops]) if i not in member_set for v in op.operands}
+    kept = (inside & read_later) | ({fn.ops[members[-1]].results[0]} if members else set())
+    kept |= inside & set(fn.results)
+    # The activations the backward reads, and the first backward op reading one.
+    wanted, first = set(), None
+    for i in range(forward_ops, len(fn.ops)):
+        hits = [v for v in fn.ops[i].operands if v in inside and v not in kept]
+        if hits:
+            wanted.update(hits)
+            first = i if first is None else first
+    if first is None:
+        return
+    # Recompute only what the wanted values need, within the layer.
+    needed = set(wanted)
+    for i in reversed(members):
+        op = fn.ops[i]
+        if any(r in needed for r in op.results):
+            needed.update(v for v in op.operands if v in inside and v not in kept)
+    copies: dict[Value, Value] = {}
+    emitted = []
+    for i in members:
+        op = fn.ops[i]
+        if not any(r in needed for r in op.results):
+            continue
+        results = tuple(Value(f"{r.name}.remat", r.type) for r in op.results)
+        copies.update(zip(op.results, results))
+        emitted.append(Op(op.kind, tuple(copies.get(v, v) for v in op.operands), results, op.attrs))
+    inserts.setdefault(first, []).extend(emitted)
+    for i in range(first, len(fn.ops)):
+        subs = {v: copies[v] for v in fn.ops[i].operands if v in copies}
+        if subs:
+            renamed.setdefault(i, {}).update(subs)

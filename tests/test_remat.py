@@ -1,0 +1,150 @@
+"""Rematerialization (ir/remat.py; issue 25, item 3): a layer's forward
+recomputed in its backward computes the same step, keeps less, costs the
+forward's flops again, and lowers correctly on the simulated mesh."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_cpsat import BIG_TRANSFORMER, brute_force, check_consistent
+from test_lower import MESH, _transformer, bp_picks, check_lowering, mp_picks, plan
+from test_table import hardware_for
+
+from costmodel.evaluate import evaluate, peak_memory_bytes
+from costmodel.hardware import preset_hardware
+from costmodel.table import CostTable
+from ir.autodiff import training_step
+from ir.core import IRError, Mesh
+from ir.interpret import run
+from ir.models import build
+from ir.nda import analyze
+from ir.ops import verify
+from ir.remat import layer_segments, rematerialize, select_layers
+from solver.plan import Plan
+from solver.planning.planner import plan_spec
+from solver.planning.spec import SpecError, parse_spec
+from solver.search.cpsat import CpSatOptions, solve
+from solver.search.space import SearchSpace
+
+SIZES = dict(layers=3, d_model=8, heads=4, kv_heads=2, head_dim=2, mlp_hidden=12, vocab=10, seq=6, batch=4)
+
+
+def step_and_forward_ops(**options):
+    forward = build("transformer", **{**SIZES, **options})
+    return training_step(forward), len(forward.function.ops)
+
+
+def random_args(fn, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 10, p.type.shape).astype(np.int32) if p.type.dtype == "i32"
+            else (rng.standard_normal(p.type.shape) * 0.3).astype(np.float32) for p in fn.params]
+
+
+def test_each_layer_is_found_and_only_its_own_ops_are_in_it():
+    step, n = step_and_forward_ops()
+    segments = layer_segments(step.function, n)
+    assert sorted(segments) == [0, 1, 2]
+    ops = step.function.ops
+    for layer, members in segments.items():
+        assert ops[members[-1]].results[0].name == f"layers.{layer}.out"
+        assert all(i < n for i in members)
+        # the embedding lookup and the causal mask are computed once, outside every layer
+        names = {ops[i].results[0].name for i in members}
+        assert not names & {"embed", "causal_mask"}
+    assert set(segments[1]).isdisjoint(segments[2])
+
+
+@pytest.mark.parametrize("layers", [[0, 1, 2], [1]])
+def test_the_rematerialized_step_computes_exactly_the_same(layers):
+    step, n = step_and_forward_ops()
+    fn = step.function
+    remat = rematerialize(fn, n, layers)
+    verify(remat)
+    assert (remat.params, remat.results) == (fn.params, fn.results)
+    args = random_args(fn)
+    for want, got in zip(run(fn, args), run(remat, args)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    copies = [i for i, op in enumerate(remat.ops) if op.results[0].name.endswith(".remat")]
+    assert copies and min(copies) > n  # recomputed in the backward, after the whole forward
+    segments = layer_segments(fn, n)
+    made_in = {fn.ops[i].results[0].name: layer for layer, members in segments.items() for i in members}
+    assert {made_in[remat.ops[i].results[0].name.removesuffix(".remat")] for i in copies} == set(layers)
+
+
+def test_remat_trades_flops_for_memory():
+    step, n = step_and_forward_ops(seq=32, batch=16)  # activations dominate the tiny weights
+    hw = preset_hardware("A100-80GB", [])
+    before, after = evaluate(step.function, hw), evaluate(rematerialize(step.function, n, [0, 1, 2]), hw)
+    assert after.peak_memory_bytes < 0.75 * before.peak_memory_bytes
+    assert before.flops < after.flops < 1.5 * before.flops  # the forward again, not the backward
+
+
+def test_the_rematerialized_step_lowers_correctly():
+    case = _transformer(heads=4, kv_heads=2, head_dim=2, gated_mlp=True)
+    forward = case.build()
+    step = training_step(forward)
+    remat = dataclasses.replace(step, function=rematerialize(step.function, len(forward.function.ops), [0, 1]))
+    checked = check_lowering(remat, MESH, plan(bp_picks(case), mp_picks(case), "zero3:batch"))
+    assert checked.counts["all_gather"] > check_lowering(step, MESH, plan(bp_picks(case), mp_picks(case),
+                                                                          "zero3:batch")).counts["all_gather"]
+
+
+def test_layers_are_chosen_by_glob_and_a_miss_is_an_error():
+    assert select_layers({0: (), 1: (), 10: (), 11: ()}, ["layers.1?"]) == [10, 11]
+    with pytest.raises(IRError, match="no layer matches layers.7"):
+        select_layers({0: (), 1: ()}, ["layers.7"])
+    step, n = step_and_forward_ops()
+    with pytest.raises(IRError, match="no layer 5"):
+        rematerialize(step.function, n, [5])
+
+
+SPEC = """
+model:
+  builder: transformer
+  args: {layers: 2, d_model: 8, heads: 2, head_dim: 4, mlp_hidden: 12, vocab: 10, seq: 16, batch: 8}
+  step: STEP
+devices: 4
+mesh: {batch: 2, model: 2}
+hardware: A100-80GB
+schedules:
+  BP:
+    tactics:
+      - {manual: {axis: batch, values: {batch.tokens: 0}}}
+  BP+R:
+    extends: BP
+    tactics:
+      - {remat: {values: [VALUES]}}
+"""
+
+
+def test_a_spec_pins_remat_in_a_schedule():
+    spec = parse_spec(SPEC.replace("STEP", "train").replace("VALUES", '"layers.*"'))
+    plain, remat = plan_spec(spec, schedule="BP"), plan_spec(spec, schedule="BP+R")
+    assert not any(op.results[0].name.endswith(".remat") for op in plain.model.function.ops)
+    assert any(op.results[0].name.endswith(".remat") for op in remat.model.function.ops)
+    assert remat.assessment.cost.peak_memory_bytes < plain.assessment.cost.peak_memory_bytes
+    assert remat.assessment.cost.flops > plain.assessment.cost.flops
+    assert peak_memory_bytes(remat.lowered.function) == remat.assessment.cost.peak_memory_bytes
+
+
+@pytest.mark.parametrize("step, values, message", [
+    ("forward", '"layers.*"', "remat recomputes a layer's forward in the backward; it needs model.step: train"),
+    ("train", '"layers.9"', "no layer matches layers.9"),
+])
+def test_bad_remat_is_named(step, values, message):
+    spec = parse_spec(SPEC.replace("STEP", step).replace("VALUES", values))
+    with pytest.raises(SpecError, match=message):
+        plan_spec(spec, schedule="BP+R")
+
+
+def test_cpsat_on_a_rematerialized_step_is_optimal_and_exact():
+    forward = build("transformer", **dict(BIG_TRANSFORMER, layers=2))
+    step = training_step(forward)
+    model = dataclasses.replace(step, function=rematerialize(step.function, len(forward.function.ops), [0, 1]))
+    mesh = Mesh.of(x=4)
+    nda = analyze(model.function, model.params)
+    table = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    space = SearchSpace(nda, Plan(mesh), mesh.names, data_inputs=model.inputs)
+    result = solve(space, table, CpSatOptions(time_limit_s=60))
+    check_consistent(model, nda, table, result)
+    assert result.cost.step_time_s <= brute_force(space, table) * (1 + 1e-12)
