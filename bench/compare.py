@@ -29,8 +29,10 @@ from solver.planning.planner import SearchOverrides  # noqa: E402
 from solver.planning.spec import load_spec  # noqa: E402
 from solver.search.report import Progress  # noqa: E402
 
+sys.path.append(str(_HERE))  # after the packages: bench/costmodel.py must not shadow costmodel
+from readme_table import write_table  # noqa: E402, I001
+
 ROOT = _HERE.parent
-BEGIN, END = "<!-- compare-table:begin -->", "<!-- compare-table:end -->"
 TARGET = 0.05  # MCTS within 5% of CP-SAT
 
 
@@ -82,17 +84,6 @@ def markdown(rows: list[dict], overrides: SearchOverrides) -> str:
     return "\n".join(lines)
 
 
-def write_readme(table: str) -> None:
-    path = ROOT / "README.md"
-    text = path.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path}: the markers {BEGIN} and {END} are missing")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}", encoding="utf-8")
-    print(f"wrote the table into {path}", file=sys.stderr)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, help="time limit of each backend, seconds (default: the spec's)")
@@ -123,7 +114,7 @@ def main() -> int:
           + (f" (missed: {', '.join(missed)})" if missed else ""))
     print("CP-SAT optimal and worse than MCTS: " + (", ".join(worse) if worse else "never"))
     if args.write_readme:
-        write_readme(table)
+        write_table("compare-table", table)
     return 0
 
 

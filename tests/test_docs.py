@@ -122,11 +122,17 @@ def test_plan_json_fields_are_documented(capsys):
 
 
 def test_bench_scripts_find_their_markers_in_the_readme():
-    for script in ("compare.py", "iopddl.py"):
-        source = (ROOT / "bench" / script).read_text()
-        (begin, end) = re.search(r'^BEGIN, END = "([^"]+)", "([^"]+)"', source, re.M).groups()
-        assert README.count(begin) == 1 and README.count(end) == 1, script
-        assert README.index(begin) < README.index(end), script
+    source = (ROOT / "bench" / "iopddl.py").read_text()
+    (begin, end) = re.search(r'^BEGIN, END = "([^"]+)", "([^"]+)"', source, re.M).groups()
+    pairs = [("iopddl.py", README, begin, end)]
+    # The others write through bench/readme_table.py: write_table("NAME", table[, path]).
+    for script, page_text in (("compare.py", README), ("efficiency.py", README),
+                              ("distir_trend.py", page("specs.md"))):
+        (name,) = re.findall(r'write_table\("([^"]+)"', (ROOT / "bench" / script).read_text())
+        pairs.append((script, page_text, f"<!-- {name}:begin -->", f"<!-- {name}:end -->"))
+    for script, text, begin, end in pairs:
+        assert text.count(begin) == 1 and text.count(end) == 1, script
+        assert text.index(begin) < text.index(end), script
 
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -54,7 +54,7 @@ PAPER_SPECS = {
     "mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l",
     "gemma_2b_tpuv3", "gemma_2b_a100", "gemma_7b_tpuv3", "gemma_7b_a100",
     "chinchilla_32l_tpuv3", "chinchilla_32l_a100", "transformer_decode", "gns", "unet",
-    "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96",
+    "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96", "llama2_70b",
 }
 
 
@@ -389,7 +389,7 @@ def test_unknown_key_inside_a_schedule_entry(tmp_path):
     _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manual: {axis: batch, valus: {x: 0}}\n")
     assert ": schedule.0.manual.valus: unknown key; valid keys: axis, values" in message
     _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manul: {axis: batch}\n")
-    assert ": schedule.0.manul: unknown key; valid keys: manual, replicate, resolve, auto" in message
+    assert ": schedule.0.manul: unknown key; valid keys: manual, replicate, resolve, remat, auto" in message
 
 
 # ------------------------------------------------------------ errors: file
