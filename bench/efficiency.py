@@ -89,13 +89,13 @@ def markdown(rows: list[dict]) -> str:
              "| efficiency fused | with overlap | CP-SAT (fused) |",
              "|---|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
-        if "best_after" not in r:
-            lines.append(f"| {r['spec']} | {r['hardware']}, {r['mesh']} | no schedule fits | | | | | |")
-            continue
-        was, now = r["schedules"][r["best_before"]], r["schedules"][r["best_after"]]
         cp = r.get("cpsat")
         cp_cell = (f"{_ms(cp['after_s'])}, {cp['after_eff']:.1%}" if cp else "no plan fits") if "cpsat" in r \
             else r.get("cpsat_skipped", "")
+        if "best_after" not in r:
+            lines.append(f"| {r['spec']} | {r['hardware']}, {r['mesh']} | no schedule fits | | | | | {cp_cell} |")
+            continue
+        was, now = r["schedules"][r["best_before"]], r["schedules"][r["best_after"]]
         lines.append(f"| {r['spec']} | {r['hardware']}, {r['mesh']} | {r['best_before']}: {_ms(was['before_s'])} "
                      f"| {was['before_eff']:.1%} | {r['best_after']}: {_ms(now['after_s'])} | {now['after_eff']:.1%} "
                      f"| {_ms(now['overlap_s'])}, {now['overlap_eff']:.1%} | {cp_cell} |")

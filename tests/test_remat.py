@@ -24,6 +24,7 @@ from solver.plan import Plan
 from solver.planning.planner import plan_spec
 from solver.planning.spec import SpecError, parse_spec
 from solver.search.cpsat import CpSatOptions, solve
+from solver.search.report import NoPlanFits
 from solver.search.space import SearchSpace
 
 SIZES = dict(layers=3, d_model=8, heads=4, kv_heads=2, head_dim=2, mlp_hidden=12, vocab=10, seq=6, batch=4)
@@ -148,3 +149,29 @@ def test_cpsat_on_a_rematerialized_step_is_optimal_and_exact():
     result = solve(space, table, CpSatOptions(time_limit_s=60))
     check_consistent(model, nda, table, result)
     assert result.cost.step_time_s <= brute_force(space, table) * (1 + 1e-12)
+
+
+FALLBACK = """
+model:
+  builder: transformer
+  args: {layers: 2, d_model: 8, heads: 2, head_dim: 4, mlp_hidden: 16, vocab: 16, seq: 128, batch: 4}
+  step: train
+devices: 2
+mesh: {x: 2}
+hardware:
+  device: {name: small, peak_flops: {f32: 100TFLOP/s}, memory: MEMORY, memory_bandwidth: 1TB/s}
+  links: {x: {bandwidth: 100GB/s, latency: 1us}}
+"""
+
+
+def test_the_search_rematerializes_every_layer_when_nothing_else_fits():
+    # Over every plan of the space the smallest peak is 3,015,224 B as written and 1,753,656 B with
+    # every layer rematerialized (brute force over the 1,024 points): 2.5 MB fits only the latter.
+    planned = plan_spec(parse_spec(FALLBACK.replace("MEMORY", "2.5MB")), "cpsat")
+    assert planned.remat == ("layers.*",)
+    assert planned.assessment.cost.fits
+    assert any(op.results[0].name.endswith(".remat") for op in planned.model.function.ops)
+    roomy = plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1GB")), "cpsat")
+    assert roomy.remat == ()  # not when the program fits as written
+    with pytest.raises(NoPlanFits, match="with every layer rematerialized, still none"):
+        plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1MB")), "cpsat")

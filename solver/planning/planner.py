@@ -22,7 +22,7 @@ from ir.models.base import Model
 from ir.nda import NDA, analyze
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
-from solver.planning.spec import COLLECTIVE_KINDS, Spec
+from solver.planning.spec import COLLECTIVE_KINDS, Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
 
@@ -41,6 +41,7 @@ class Planned:
     seconds: dict[str, float]
     search: tuple[Any, ...] = ()  # the backends' reports (cpsat.SolveReport, mcts.MctsReport), one per auto tactic
     schedule: str | None = None  # the named schedule that ran (None: `schedule:`)
+    remat: tuple[str, ...] = ()  # the layers rematerialized (by the schedule, or as the search's last resort)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,9 @@ class SearchOverrides:
 
         return Auto(auto.axes, solver, pick("time_limit_s", "time_limit_s"), pick("workers", "workers"),
                     pick("seed", "seed"), pick("iterations", "iterations"))
+
+
+ALL_LAYERS = ("layers.*",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,26 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     program of an earlier call on the same spec (unless the schedule
     rematerializes other layers: a remat tactic changes the program)."""
     remat = spec.remat(schedule)
+    try:
+        return _plan(spec, solver, options, overrides, progress, schedule, prepared, remat)
+    except NoPlanFits as no_fit:
+        # Rematerialization as the search's last resort: when no sharding of the program fits, the
+        # same search on the program with every layer recomputed in its backward (unless the
+        # schedule chose its remat itself, or the program has no layers to recompute).
+        if remat:
+            raise
+        try:
+            fallback = prepare(spec, ALL_LAYERS)
+        except SpecError:
+            raise no_fit from None
+        try:
+            return _plan(spec, solver, options, overrides, progress, schedule, fallback, ALL_LAYERS)
+        except NoPlanFits as again:
+            raise NoPlanFits(f"{no_fit}; with every layer rematerialized, still none: {again}") from None
+
+
+def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
+          progress: Progress, schedule: str | None, prepared: Prepared | None, remat: tuple[str, ...]) -> Planned:
     if prepared is None or prepared.remat != remat:
         prepared = prepare(spec, remat)
     model, nda = prepared.model, prepared.nda
@@ -122,7 +146,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     )
     seconds["cost"] = time.perf_counter() - t0
     return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports),
-                   spec.schedule_name(schedule))
+                   spec.schedule_name(schedule), remat)
 
 
 def _schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
@@ -209,6 +233,7 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "source": planned.spec.source,
         "solver": solver,
         "schedule": planned.schedule,
+        "remat": list(planned.remat),
         "mesh": dict(mesh.axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),
@@ -341,7 +366,10 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     schedule = f"schedule {report['schedule']}, " if report["schedule"] else ""
     lines = [f"{report['source']}: plan ({schedule}solver {report['solver']}) on mesh {mesh}",
-             f"collectives: {counts}", _format_local(report["local_program"]), ""]
+             f"collectives: {counts}", _format_local(report["local_program"])]
+    if report["remat"]:
+        lines.append(f"rematerialized: {', '.join(report['remat'])} (each layer's forward recomputed in its backward)")
+    lines.append("")
     for r in report["search"]:
         lines.append(format_search(r))
     if report["search"]:
