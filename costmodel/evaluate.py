@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from costmodel.fusion import FUSION, fuse, fused_time_s, kernel_members, unfused
+from costmodel.fusion import FUSION, Fusion, fuse, fused_time_s, kernel_members, unfused
 from costmodel.hardware import Hardware
 from ir import ops
 from ir.core import Attrs, Function, Mesh, TensorType
@@ -157,17 +157,16 @@ def _peak(fn: Function) -> tuple[int, int, dict]:
     return peak, at, last
 
 
-def kernel_times(fn: Function, hardware: Hardware, fused: bool = True) -> list[tuple[str, float, int]]:
-    """Per kernel of `fn` (`costmodel.fusion.fuse`, in kernel order): the
-    kind it is reported under (the op's kind, or `fusion`), its time and its
-    flops. A kernel of one op costs what the op costs alone. `fused=False`:
-    every op a kernel of its own (the model before fusion, for comparison)."""
-    fusion = fuse(fn) if fused else unfused(fn)
-    fused = iter(kernel_members(fn, fusion))
+def kernel_times(fn: Function, hardware: Hardware, fusion: Fusion | None = None) -> list[tuple[str, float, int]]:
+    """Per kernel of `fusion` (default `costmodel.fusion.fuse(fn)`), in its
+    order: the kind it is reported under (the op's kind, or `fusion`), its
+    time and its flops. A kernel of one op costs what the op costs alone."""
+    fusion = fuse(fn) if fusion is None else fusion
+    members = iter(kernel_members(fn, fusion))
     out = []
     for kernel in fusion.kernels:
         if len(kernel) > 1:
-            seconds, flops = fused_time_s(next(fused), hardware)
+            seconds, flops = fused_time_s(next(members), hardware)
             out.append((FUSION, seconds, flops))
         else:
             op = fn.ops[kernel[0]]
@@ -183,7 +182,7 @@ def evaluate(fn: Function, hardware: Hardware, fused: bool = True) -> Cost:
     by_kind: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     flops = 0
-    kernels = kernel_times(fn, hardware, fused)
+    kernels = kernel_times(fn, hardware, fuse(fn) if fused else unfused(fn))
     for kind, seconds, kernel_flops in kernels:
         by_kind[kind] += seconds
         flops += kernel_flops

@@ -33,7 +33,7 @@ live from its op to its use (an over-estimate; see docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from costmodel.hardware import Hardware
@@ -57,14 +57,24 @@ class Fusion:
     kernels: tuple[tuple[int, ...], ...]
     kernel_of: tuple[int, ...]  # op index -> kernel index
 
-    @property
-    def fused_ops(self) -> int:
-        """Ops that run inside a kernel of several."""
-        return sum(len(k) for k in self.kernels if len(k) > 1)
 
-    @property
-    def fusions(self) -> int:
-        return sum(1 for k in self.kernels if len(k) > 1)
+def components(count: int, links: Iterable[tuple[int, int]]) -> list[list[int]]:
+    """The connected components of `count` nodes joined by `links`, each in
+    increasing order, ordered by their first node (union-find)."""
+    parent = list(range(count))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in links:
+        parent[root(a)] = root(b)
+    members: dict[int, list[int]] = {}
+    for i in range(count):
+        members.setdefault(root(i), []).append(i)
+    return sorted(members.values(), key=lambda m: m[0])
 
 
 def fuse(fn: Function) -> Fusion:
@@ -75,26 +85,10 @@ def fuse(fn: Function) -> Fusion:
         for v in op.operands:
             using.setdefault(v, set()).add(i)
     returned = set(fn.results)
-    parent = list(range(len(fn.ops)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     can = [fusible(op.kind) and len(op.results) == 1 for op in fn.ops]
-    for i, op in enumerate(fn.ops):
-        if not can[i]:
-            continue
-        for v in op.operands:
-            p = producer.get(v)
-            if p is not None and can[p] and using[v] == {i} and v not in returned:
-                parent[root(p)] = root(i)
-    members: dict[int, list[int]] = {}
-    for i in range(len(fn.ops)):
-        members.setdefault(root(i), []).append(i)
-    kernels = tuple(sorted((tuple(m) for m in members.values()), key=lambda m: m[0]))
+    links = [(p, i) for i, op in enumerate(fn.ops) if can[i] for v in op.operands
+             if (p := producer.get(v)) is not None and can[p] and using[v] == {i} and v not in returned]
+    kernels = tuple(tuple(m) for m in components(len(fn.ops), links))
     kernel_of = [0] * len(fn.ops)
     for k, m in enumerate(kernels):
         for i in m:

@@ -154,7 +154,7 @@ def simulate(fn: Function, hardware: Hardware, prefetch: int = DEFAULT_PREFETCH)
 def _kernels(fn: Function, hardware: Hardware) -> list[_Kernel]:
     """`fn`'s kernels in program order (of last ops), with their times and dependencies."""
     fusion = fuse(fn)
-    timed = kernel_times(fn, hardware)  # in fusion.kernels order
+    timed = kernel_times(fn, hardware, fusion)  # in fusion.kernels order
     order = sorted(range(len(fusion.kernels)), key=lambda k: fusion.kernels[k][-1])
     position = {k: p for p, k in enumerate(order)}
     producer = {r: position[fusion.kernel_of[i]] for i, op in enumerate(fn.ops) for r in op.results}

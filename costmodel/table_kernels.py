@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.fusion import FUSION, FusedOp, fuse, fused_time_s
+from costmodel.fusion import FUSION, FusedOp, components, fuse, fused_time_s
 from ir import ops
 from ir.sharding import local_type
 
@@ -82,15 +82,16 @@ class FusedKernels:
     def _kernel(self, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
         t = self.t
         at = {i: n for n, i in enumerate(members)}
-        links, slots = [], []
+        links: dict[tuple[int, int], tuple[int, ...]] = {}  # (producer, consumer) -> the producer's edges
+        slots = []
         for i in members:
             for e in t.op_edges[i]:
                 v = t.edge_vid_of[e]
                 p = v - t.num_params
                 inside = p >= 0 and p in at
                 slots.append(at[p] if inside else -1)
-                if inside and (p, i) not in {(a, b) for a, b, _ in links}:
-                    links.append((p, i, tuple(t.edges_of[v])))
+                if inside:
+                    links.setdefault((p, i), tuple(t.edges_of[v]))
         exported = []
         for i in members:
             v = t.num_params + i
@@ -102,7 +103,7 @@ class FusedKernels:
         pattern = tuple(tuple(position[int(k)] for k in row) for row in rows)
         key = (tuple(t.op_signature_of[i] for i in members), tuple(slots), tuple(exported), pattern)
         signature = signatures.setdefault(key, len(signatures))
-        return _Kernel(members, tuple((at[p], at[c], edges) for p, c, edges in links), tuple(exported),
+        return _Kernel(members, tuple((at[p], at[c], edges) for (p, c), edges in links.items()), tuple(exported),
                        tuple(iclasses) or (t._sentinel,), signature)
 
     # ------------------------------------------------------------ evaluation
@@ -155,22 +156,10 @@ class FusedKernels:
         """Kernel k with its links `broken` (positions in `links`) cut: per piece,
         its kind (the op's, or fusion), time, flops and op count."""
         kernel = self.kernels[k]
-        parent = list(range(len(kernel.ops)))
-
-        def root(m: int) -> int:
-            while parent[m] != m:
-                m = parent[m]
-            return m
-
-        for n, (p, c, _) in enumerate(kernel.links):
-            if n not in broken:
-                parent[root(p)] = root(c)
-        pieces: dict[int, list[int]] = {}
-        for m in range(len(kernel.ops)):
-            pieces.setdefault(root(m), []).append(m)
+        pieces = components(len(kernel.ops), ((p, c) for n, (p, c, _) in enumerate(kernel.links) if n not in broken))
         key = (kernel.signature, broken, tuple(codes[list(kernel.iclasses)].tolist()))
         out = []
-        for piece in pieces.values():
+        for piece in pieces:
             if len(piece) == 1:
                 seconds, kind, flops = self.t.price_op(kernel.ops[piece[0]], codes)
                 out.append((kind, seconds, flops, 1))
