@@ -127,9 +127,10 @@ def test_bench_scripts_find_their_markers_in_the_readme():
     pairs = [("iopddl.py", README, begin, end)]
     # The others write through bench/readme_table.py: write_table("NAME", table[, path]).
     for script, page_text in (("compare.py", README), ("efficiency.py", README),
-                              ("distir_trend.py", page("specs.md"))):
-        (name,) = re.findall(r'write_table\("([^"]+)"', (ROOT / "bench" / script).read_text())
-        pairs.append((script, page_text, f"<!-- {name}:begin -->", f"<!-- {name}:end -->"))
+                              ("distir_trend.py", page("specs.md")), ("rerank.py", page("specs.md"))):
+        names = re.findall(r'write_table\("([^"]+)"', (ROOT / "bench" / script).read_text())
+        assert names, script
+        pairs += [(script, page_text, f"<!-- {name}:begin -->", f"<!-- {name}:end -->") for name in names]
     for script, text, begin, end in pairs:
         assert text.count(begin) == 1 and text.count(end) == 1, script
         assert text.index(begin) < text.index(end), script

@@ -3,6 +3,7 @@ recomputed in its backward computes the same step, keeps less, costs the
 forward's flops again, and lowers correctly on the simulated mesh."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -164,14 +165,47 @@ hardware:
 """
 
 
-def test_the_search_rematerializes_every_layer_when_nothing_else_fits():
+def remat_schedule(memory: str, values: list[str]) -> str:
+    """FALLBACK with a schedule that pins the remat (the search then keeps it)."""
+    return FALLBACK.replace("MEMORY", memory) + f"schedule:\n  - remat: {{values: {values}}}\n"
+
+
+def test_the_search_chooses_the_fastest_remat_that_fits_when_memory_binds():
     # Over every plan of the space the smallest peak is 3,015,224 B as written and 1,753,656 B with
-    # every layer rematerialized (brute force over the 1,024 points): 2.5 MB fits only the latter.
+    # every layer rematerialized (brute force over the 1,024 points): 2.5 MB fits only rematerialized.
     planned = plan_spec(parse_spec(FALLBACK.replace("MEMORY", "2.5MB")), "cpsat")
-    assert planned.remat == ("layers.*",)
-    assert planned.assessment.cost.fits
+    assert planned.assessment.cost.fits and planned.remat
     assert any(op.results[0].name.endswith(".remat") for op in planned.model.function.ops)
+    # Each choice searched on its own (the schedule pins it): the kept one is the fastest that fits.
+    pinned = {}
+    for values in (["layers.*[02468]"], ["layers.*"]):
+        alone = plan_spec(parse_spec(remat_schedule("2.5MB", values)), "cpsat")
+        assert alone.remat == tuple(values) and alone.remat_tried == ()  # a pinned remat is not searched
+        pinned[tuple(values)] = alone.assessment.cost.step_time_s
+    assert planned.remat == min(pinned, key=pinned.get)
+    assert dict(planned.remat_tried) == {(): None, **pinned}
+    # 3.2 MB: the program fits as written, but memory binds (peak over 80%): remat is tried and loses.
+    tight = plan_spec(parse_spec(FALLBACK.replace("MEMORY", "3.2MB")), "cpsat")
+    tried = dict(tight.remat_tried)
+    assert tight.remat == () and tried[()] == tight.assessment.cost.step_time_s
+    assert all(t > tried[()] for c, t in tried.items() if c)
     roomy = plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1GB")), "cpsat")
-    assert roomy.remat == ()  # not when the program fits as written
-    with pytest.raises(NoPlanFits, match="with every layer rematerialized, still none"):
+    assert roomy.remat == () and roomy.remat_tried == ()  # memory does not bind: nothing else is tried
+    with pytest.raises(NoPlanFits, match="with layers.\\* rematerialized: "):
         plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1MB")), "cpsat")
+
+
+def test_the_plan_report_lists_the_remat_search(capsys, tmp_path):
+    from conftest import shardplan
+
+    path = tmp_path / "tight.yaml"
+    path.write_text(FALLBACK.replace("MEMORY", "2.5MB"))
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "mcts", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [t["remat"] for t in report["remat_search"]] == [[], ["layers.*[02468]"], ["layers.*"]]
+    assert report["remat_search"][0]["step_time_s"] is None  # nothing fits as written
+    kept = [t for t in report["remat_search"] if t["remat"] == report["remat"]]
+    assert kept[0]["step_time_s"] == pytest.approx(report["cost"]["step_time_s"], rel=1e-12)
+    code, out, _ = shardplan(capsys, "plan", str(path), "--solver", "mcts")
+    assert "remat searched (memory binds): none no plan fits, layers.*[02468] " in out

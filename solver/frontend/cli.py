@@ -126,7 +126,7 @@ def _planned(args: argparse.Namespace):
     from solver.planning.planner import SearchOverrides, plan_spec
     from solver.planning.spec import load_spec
 
-    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations)
+    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
     return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
                      _progress(args), args.schedule)
 
@@ -197,7 +197,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from solver.planning.spec import load_spec
 
     spec = load_spec(args.spec)
-    overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations)
+    overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations, args.rerank)
     report = compare(spec, overrides, _progress(args), args.schedule)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -426,6 +426,9 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=_positive_int, metavar="N",
                    help="MCTS trajectories (default: the spec's, else 200)")
     p.add_argument("--workers", type=_positive_int, help="CP-SAT workers (default: the spec's, else 1)")
+    p.add_argument("--rerank", type=_positive_int, metavar="K",
+                   help="CP-SAT: find the K best distinct plans and keep the one with the shortest simulated "
+                   "step time (with overlap); default: the spec's, else 1 (the proven optimum as it is)")
     p.add_argument("--seed", type=int, help="search seed (default: the spec's, else 0)")
     p.add_argument("--quiet", action="store_true", help="no progress line on the terminal during the search")
 

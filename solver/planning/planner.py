@@ -8,6 +8,7 @@ the cost model's assessment of the device-local program.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ class Planned:
     seconds: dict[str, float]
     search: tuple[Any, ...] = ()  # the backends' reports (cpsat.SolveReport, mcts.MctsReport), one per auto tactic
     schedule: str | None = None  # the named schedule that ran (None: `schedule:`)
-    remat: tuple[str, ...] = ()  # the layers rematerialized (by the schedule, or as the search's last resort)
+    remat: tuple[str, ...] = ()  # the layers rematerialized (by the schedule, or chosen by the search)
+    # The rematerializations the search compared: (layer globs, serial step time; None: no plan fits).
+    remat_tried: tuple[tuple[tuple[str, ...], float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class SearchOverrides:
     workers: int | None = None
     seed: int | None = None
     iterations: int | None = None
+    rerank: int | None = None
 
     def apply(self, auto: Auto, solver: str) -> Auto:
         def pick(name: str, field: str):
@@ -59,10 +63,14 @@ class SearchOverrides:
             return getattr(auto, field) if mine is None else mine
 
         return Auto(auto.axes, solver, pick("time_limit_s", "time_limit_s"), pick("workers", "workers"),
-                    pick("seed", "seed"), pick("iterations", "iterations"))
+                    pick("seed", "seed"), pick("iterations", "iterations"), pick("rerank", "rerank"))
 
 
 ALL_LAYERS = ("layers.*",)
+# The rematerializations a search tries when memory shaped its plan: every other layer, then every layer.
+REMAT_CHOICES = (("layers.*[02468]",), ALL_LAYERS)
+# A searched plan whose peak reaches this fraction of the capacity was shaped by memory.
+MEMORY_BINDS = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +111,54 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     rematerializes other layers: a remat tactic changes the program)."""
     remat = spec.remat(schedule)
     try:
-        return _plan(spec, solver, options, overrides, progress, schedule, prepared, remat)
+        planned = _plan(spec, solver, options, overrides, progress, schedule, prepared, remat)
     except NoPlanFits as no_fit:
-        # Rematerialization as the search's last resort: when no sharding of the program fits, the
-        # same search on the program with every layer recomputed in its backward (unless the
-        # schedule chose its remat itself, or the program has no layers to recompute).
-        if remat:
+        if remat:  # the schedule chose its remat itself
             raise
+        return _choose_remat(spec, solver, options, overrides, progress, schedule, None, no_fit)
+    if remat or not planned.search or not _memory_binds(planned):
+        return planned
+    return _choose_remat(spec, solver, options, overrides, progress, schedule, planned, None)
+
+
+def _memory_binds(planned: Planned) -> bool:
+    """Memory shaped the searched plan: CP-SAT had to cut plans that did not
+    fit, or the plan's peak is near the capacity. Otherwise recomputing a
+    layer only adds flops, and the rematerialized programs are not tried."""
+    cost = planned.assessment.cost
+    return (any(getattr(r, "memory_cuts", 0) for r in planned.search)
+            or cost.peak_memory_bytes >= MEMORY_BINDS * cost.capacity_bytes)
+
+
+def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
+                  progress: Progress, schedule: str | None, plain: Planned | None,
+                  no_fit: NoPlanFits | None) -> Planned:
+    """Rematerialization as a searched choice: when no plan of the program
+    fits, or memory shaped the plan found, the same search runs on the
+    program with every other layer and with every layer recomputed in its
+    backward (each is its own program, `ir.remat`), and the fastest plan that
+    fits is kept (the fewer layers recomputed on a tie)."""
+    tried: list[tuple[tuple[str, ...], Planned | None]] = [((), plain)]
+    failures = [f"{no_fit}"] if no_fit else []
+    for choice in REMAT_CHOICES:
         try:
-            fallback = prepare(spec, ALL_LAYERS)
-        except SpecError:
-            raise no_fit from None
+            prepared = prepare(spec, choice)
+        except SpecError:  # a program without repeated layers to recompute
+            break
         try:
-            return _plan(spec, solver, options, overrides, progress, schedule, fallback, ALL_LAYERS)
+            tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, prepared, choice)))
         except NoPlanFits as again:
-            raise NoPlanFits(f"{no_fit}; with every layer rematerialized, still none: {again}") from None
+            tried.append((choice, None))
+            failures.append(f"with {', '.join(choice)} rematerialized: {again}")
+    fitting = [p for _, p in tried if p is not None and p.assessment.cost.fits]
+    if not fitting:
+        if no_fit is not None and len(tried) == 1:
+            raise no_fit
+        raise NoPlanFits("; ".join(failures))
+    best = min(fitting, key=lambda p: p.assessment.cost.step_time_s)
+    times = tuple((choice, p.assessment.cost.step_time_s if p is not None and p.assessment.cost.fits else None)
+                  for choice, p in tried)
+    return dataclasses.replace(best, remat_tried=times)
 
 
 def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
@@ -198,7 +239,7 @@ class _Search:
                 hint = None
                 if self.hint is not None:
                     hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
-                options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed)
+                options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()
@@ -234,6 +275,7 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "solver": solver,
         "schedule": planned.schedule,
         "remat": list(planned.remat),
+        "remat_search": [{"remat": list(choice), "step_time_s": seconds} for choice, seconds in planned.remat_tried],
         "mesh": dict(mesh.axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),
@@ -369,6 +411,11 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
              f"collectives: {counts}", _format_local(report["local_program"])]
     if report["remat"]:
         lines.append(f"rematerialized: {', '.join(report['remat'])} (each layer's forward recomputed in its backward)")
+    if report["remat_search"]:
+        tried = ", ".join(f"{', '.join(t['remat']) or 'none'} "
+                          + (f"{t['step_time_s']:.4g} s" if t["step_time_s"] is not None else "no plan fits")
+                          for t in report["remat_search"])
+        lines.append(f"remat searched (memory binds): {tried}")
     lines.append("")
     for r in report["search"]:
         lines.append(format_search(r))

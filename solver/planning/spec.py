@@ -189,6 +189,7 @@ class AutoSpec(_Strict):
     workers: int = Field(default=1, ge=1)  # CP-SAT
     seed: int = 0
     iterations: int = Field(default=200, ge=1)  # MCTS trajectories
+    rerank: int = Field(default=1, ge=1)  # CP-SAT: the best plans the simulator re-ranks
 
 
 class RematSpec(_Strict):
@@ -231,7 +232,7 @@ class TacticSpec(_Strict):
         if self.remat is not None:
             return Remat(tuple(self.remat.values))
         a = self.auto
-        return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations)
+        return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations, a.rerank)
 
 
 # The collective kinds an expectation counts, as the lowering emits them.

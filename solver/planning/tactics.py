@@ -86,6 +86,7 @@ class Auto:
     workers: int = 1  # CP-SAT
     seed: int = 0
     iterations: int = 200  # MCTS trajectories
+    rerank: int = 1  # CP-SAT: the best distinct plans the simulator re-ranks (1: none)
 
 
 Tactic = Manual | Pin | Replicate | Resolve | Remat | Auto
