@@ -1,10 +1,12 @@
 """Time of the cost model on the full-size Chinchilla-like 32-layer training
 step (specs/chinchilla_32l.yaml: BP x Megatron on 8 x 8 A100s).
 
-Targets (issue 6), on the project's 2-core machine:
-  - evaluating one lowered plan (the device-local program): under 0.5 s;
-  - one tabulated plan evaluation without lowering: under 5 ms (the MCTS
-    evaluates thousands of plans).
+Targets, on the project's 2-core machine:
+  - evaluating one lowered plan (the device-local program): under 0.5 s
+    (issue 6);
+  - one tabulated plan evaluation without lowering: under 10 ms with fusion
+    (issue 25; 5 ms before fusion, issue 6): the MCTS evaluates thousands
+    of plans, from codes as timed here.
 
 Also printed: building the table (once per program, mesh and hardware), a
 first evaluation (prices every distinct op and resharding, filling the
@@ -101,7 +103,7 @@ def main() -> None:
               f"{r['peak_memory_bytes'] / 2**30:.2f} GiB (table {r['table_peak_memory_bytes'] / 2**30:.2f} GiB)")
         print(f"    lower {r['lower_s']:.3f} s; evaluate lowered {r['evaluate_lowered_s']:.3f} s (target < 0.5 s)")
         print(f"    table: first evaluation {r['table_first_evaluation_s'] * 1e3:.1f} ms, then "
-              f"{r['table_evaluation_s'] * 1e3:.2f} ms (target < 5 ms); codes from a sharding "
+              f"{r['table_evaluation_s'] * 1e3:.2f} ms (target < 10 ms); codes from a sharding "
               f"{r['codes_from_sharding_s'] * 1e3:.2f} ms")
 
 

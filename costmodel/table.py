@@ -213,7 +213,7 @@ class CostTable:
         """A factor sharding as codes, one per I-class."""
         if sharding.mesh != self.mesh:
             raise IRError(f"the sharding is over {sharding.mesh}, the table over {self.mesh}")
-        return np.fromiter((self.code_of[a] for a in sharding.axes), dtype=np.int64, count=len(sharding.axes))
+        return np.fromiter(map(self.code_of.__getitem__, sharding.axes), dtype=np.int64, count=len(sharding.axes))
 
     def sharding(self, codes: np.ndarray) -> FactorSharding:
         return FactorSharding(self.mesh, tuple(self.axis_tuples[c] for c in codes))

@@ -69,7 +69,7 @@ class SearchOverrides:
 ALL_LAYERS = ("layers.*",)
 # The rematerializations a search tries when memory shaped its plan: every other layer, then every layer.
 REMAT_CHOICES = (("layers.*[02468]",), ALL_LAYERS)
-# A searched plan whose peak reaches this fraction of the capacity was shaped by memory.
+# An MCTS plan whose peak reaches this fraction of the capacity was shaped by memory.
 MEMORY_BINDS = 0.8
 
 
@@ -122,12 +122,17 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
 
 
 def _memory_binds(planned: Planned) -> bool:
-    """Memory shaped the searched plan: CP-SAT had to cut plans that did not
-    fit, or the plan's peak is near the capacity. Otherwise recomputing a
-    layer only adds flops, and the rematerialized programs are not tried."""
+    """Memory shaped the searched plan. CP-SAT says so exactly: its first
+    solve ignores memory, so without memory cuts its optimum is the best
+    plan of the program whatever the capacity, and recomputing layers only
+    adds flops to it. The MCTS proves nothing, so for it a peak near the
+    capacity is the sign."""
+    if any(getattr(r, "memory_cuts", 0) for r in planned.search):
+        return True
+    if all(r.solver == "cpsat" for r in planned.search):
+        return False
     cost = planned.assessment.cost
-    return (any(getattr(r, "memory_cuts", 0) for r in planned.search)
-            or cost.peak_memory_bytes >= MEMORY_BINDS * cost.capacity_bytes)
+    return cost.peak_memory_bytes >= MEMORY_BINDS * cost.capacity_bytes
 
 
 def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,

@@ -98,6 +98,9 @@ class TermModel:
         self.value_partial: list[int | None] = [None] * len(table.values)
         self.op_term: list[tuple] = []
         self.edge_term: dict[int, tuple] = {}  # use -> its edge term's name (uses that may carry a collective)
+        # The uses inside a fused kernel: only there does a kernel term read whether a collective sits on
+        # the use, so only their edge terms define an `emits` feature (each is a clause per combination).
+        self.kernel_uses = {e for kernel in table.kernels.kernels for _, _, edges in kernel.links for e in edges}
         self._vectors: dict[tuple, list[tuple[int, ...]]] = {}
         self._build_terms()
 
@@ -359,7 +362,7 @@ class TermModel:
         pf, role, first_ic = self._edge_role(e)
         if pf is None and dkeys == wkeys:
             return  # the use always wants what the value has: no collective
-        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role)
+        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role, e in self.kernel_uses)
         self._add(name, lambda: self._price_edge(e, name, dic, wic, first_ic, pf, role))
         self.edge_term[e] = name
 
@@ -378,11 +381,11 @@ class TermModel:
                 rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds))
         # Whether a collective sits on the use: a kernel reading it through this use is cut there.
         emits = {c.outputs[0] for c in rows}
-        feature = self._feature(name + ("emits",), emits)
+        feature = self._feature(name + ("emits",), emits) if e in self.kernel_uses else None
         for c in rows:
             c.outputs = c.outputs if feature is not None else ()
         return Term("edge", e, keys, inputs, (feature,) if feature is not None else (), rows,
-                    emits=feature if feature is not None else emits.pop())
+                    emits=feature if feature is not None else len(emits) == 1 and emits.pop())
 
     def _kernel_term(self, k: int) -> None:
         """A fused kernel's time: keyed by its signature, its I-classes' keys and
