@@ -177,6 +177,10 @@ class Preset(BaseModel):
     device: Device
     links: dict[str, Link]  # link class name -> Link
     default_link: str
+    # Topology, for meshes the planner lays out itself: a node joins this many devices with the default
+    # link and nodes are joined by `node_link` (None: every device on the default link).
+    node_devices: int | None = None
+    node_link: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Preset:
@@ -185,6 +189,8 @@ class Preset(BaseModel):
         for name, link in self.links.items():
             if link.kind != name:
                 raise ValueError(f"link class {name!r} holds a link of kind {link.kind!r}")
+        if self.node_link is not None and self.node_link not in self.links:
+            raise ValueError(f"node link {self.node_link!r} is not one of {', '.join(self.links)}")
         return self
 
 
@@ -301,26 +307,30 @@ _A100_SOURCE = "NVIDIA A100 Tensor Core GPU datasheet (SXM4)"
 _HOPPER_PEAKS = {"f64": "67TFLOP/s", "f32": "67TFLOP/s", "bf16": "989TFLOP/s", "f16": "989TFLOP/s"}
 _HOPPER_LINKS = _gpu_links(nvlink="450GB/s", pcie="64GB/s", infiniband="400Gb/s")
 
+# A DGX / HGX node: 8 GPUs on NVLink, one InfiniBand NIC per GPU between nodes. TPUs keep every chip of
+# a slice on ICI (no node_devices).
+_DGX = {"node_devices": 8, "node_link": "infiniband"}
+
 PRESETS: dict[str, Preset] = {
     "A100-40GB": Preset(
         device=_device("A100-40GB", _A100_SOURCE, _A100_PEAKS, "40GiB", "1555GB/s", matmul=0.8),
-        links=_A100_LINKS, default_link="nvlink",
+        links=_A100_LINKS, default_link="nvlink", **_DGX,
     ),
     "A100-80GB": Preset(
         device=_device("A100-80GB", _A100_SOURCE, _A100_PEAKS, "80GiB", "2039GB/s", matmul=0.8),
-        links=_A100_LINKS, default_link="nvlink",
+        links=_A100_LINKS, default_link="nvlink", **_DGX,
     ),
     "H100-SXM": Preset(
         device=_device("H100-SXM", "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
                        _HOPPER_PEAKS, "80GiB", "3.35TB/s", matmul=0.7),
-        links=_HOPPER_LINKS, default_link="nvlink",
+        links=_HOPPER_LINKS, default_link="nvlink", **_DGX,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): compute as H100 SXM;
     # 141GB HBM3e at 4.8TB/s; NVLink 900GB/s, PCIe Gen5 128GB/s (both directions).
     "H200": Preset(
         device=_device("H200", "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
                        _HOPPER_PEAKS, "141GiB", "4.8TB/s", matmul=0.7),
-        links=_HOPPER_LINKS, default_link="nvlink",
+        links=_HOPPER_LINKS, default_link="nvlink", **_DGX,
     ),
     # NVIDIA Tesla V100 GPU datasheet (SXM2): FP64 7.8, FP32 15.7, tensor (FP16)
     # 125 TFLOPS; 32GB HBM2 at 900GB/s; NVLink 2 300GB/s (both directions; all
@@ -332,6 +342,7 @@ PRESETS: dict[str, Preset] = {
                        {"f64": "7.8TFLOP/s", "f32": "15.7TFLOP/s", "bf16": "125TFLOP/s", "f16": "125TFLOP/s"},
                        "32GiB", "900GB/s", matmul=0.8),
         links=_gpu_links(nvlink="150GB/s", pcie="16GB/s", infiniband="100Gb/s"), default_link="nvlink",
+        node_devices=16, node_link="infiniband",
     ),
     # NVIDIA Tesla P100 datasheet (SXM2, NVLink): FP64 5.3, FP32 10.6, FP16 21.2
     # TFLOPS; 16GB CoWoS HBM2 at 732GB/s; NVLink 1 160GB/s (both directions),
@@ -341,7 +352,7 @@ PRESETS: dict[str, Preset] = {
         device=_device("P100", "NVIDIA Tesla P100 datasheet (SXM2)",
                        {"f64": "5.3TFLOP/s", "f32": "10.6TFLOP/s", "bf16": "21.2TFLOP/s", "f16": "21.2TFLOP/s"},
                        "16GiB", "732GB/s", matmul=0.8),
-        links=_gpu_links(nvlink="80GB/s", pcie="16GB/s", infiniband="100Gb/s"), default_link="nvlink",
+        links=_gpu_links(nvlink="80GB/s", pcie="16GB/s", infiniband="100Gb/s"), default_link="nvlink", **_DGX,
     ),
     # TPUs. ICI: a mesh axis lies along one torus dimension, and a ring
     # collective on it sends over the two links of that dimension at once
@@ -401,3 +412,18 @@ def preset_hardware(name: str, axes: Sequence[str], links: Mapping[str, str] | N
         device=preset.device,
         links={axis: preset.links[chosen.get(axis, preset.default_link)] for axis in axes},
     )
+
+
+def topology_links(name: str, mesh: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """Each axis's link class on the preset `name` when the mesh (axes major
+    to minor) is laid out minor axis fastest over devices numbered node by
+    node: an axis stays on the default link while its devices lie in one
+    node (its size times the sizes of the axes minor to it is at most the
+    node's devices) and crosses nodes on the node link otherwise."""
+    preset = PRESETS[name]
+    links, inner = {}, 1
+    for axis, size in reversed(list(mesh)):
+        inner *= size
+        crosses = preset.node_devices is not None and inner > preset.node_devices
+        links[axis] = preset.node_link if crosses and preset.node_link else preset.default_link
+    return {axis: links[axis] for axis, _ in mesh}

@@ -172,6 +172,20 @@ def test_every_preset_is_sane(name):
         assert 1e9 <= link.bandwidth <= 1e12 and 0 < link.latency <= 1e-4
     # The default link is the fastest one: the one inside a node or slice.
     assert preset.links[preset.default_link].bandwidth == max(link.bandwidth for link in preset.links.values())
+    # Nodes: GPUs are joined by a slower link between nodes; a TPU slice is one ICI domain.
+    if preset.node_devices is not None:
+        assert preset.node_link in preset.links and preset.node_devices in (8, 16)
+        assert preset.links[preset.node_link].bandwidth < preset.links[preset.default_link].bandwidth
+    else:
+        assert preset.default_link == "ici" and preset.node_link is None
+
+
+def test_a_preset_node_link_must_be_one_of_its_links():
+    from costmodel.hardware import Preset
+
+    with pytest.raises(ValueError, match="node link 'dcn' is not one of"):
+        Preset(device=PRESETS["A100-80GB"].device, links=PRESETS["A100-80GB"].links, default_link="nvlink",
+               node_devices=8, node_link="dcn")
 
 
 def test_gpu_and_tpu_link_classes():

@@ -139,15 +139,34 @@ def _progress(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from costmodel.simulate import chrome_trace
-    from solver.planning.planner import format_plan, plan_report, simulate_planned
+    from ir.lower import LowerOptions
+    from solver.planning import meshes
+    from solver.planning.planner import SearchOverrides, format_plan, plan_report, simulate_planned
+    from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text
 
-    planned = _planned(args)
+    search = None
+    if is_mesh_search(parse_yaml(read_spec_text(args.spec), args.spec)):
+        if args.schedule is not None:
+            raise SpecError(f"{args.spec}: --schedule: a mesh search (mesh: auto) has no schedules; each mesh is "
+                            "planned by the search backend")
+        overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
+        search = meshes.plan_meshes(args.spec, args.solver, LowerOptions(reuse_resharded=args.reuse_resharded),
+                                    overrides, _progress(args))
+        planned = search.best
+    else:
+        planned = _planned(args)
     timeline = simulate_planned(planned)
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as f:
             json.dump(chrome_trace(timeline), f)
     report = plan_report(planned, args.solver, timeline)
-    print(json.dumps(report, indent=2) if args.json else format_plan(report), end="\n" if args.json else "")
+    if search is not None:
+        report["mesh_search"] = meshes.mesh_search_json(search)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        table = meshes.format_mesh_search(report["mesh_search"], search.devices) if search is not None else ""
+        print(table + format_plan(report), end="")
     return 0
 
 

@@ -281,6 +281,7 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "schedule": planned.schedule,
         "remat": list(planned.remat),
         "remat_search": [{"remat": list(choice), "step_time_s": seconds} for choice, seconds in planned.remat_tried],
+        "mesh_search": [],  # `shardplan plan` fills it for a mesh search (solver.planning.meshes)
         "mesh": dict(mesh.axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": collective_counts(planned.lowered),

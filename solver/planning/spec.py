@@ -595,19 +595,37 @@ class _SpecLoader(yaml.SafeLoader):
 def load_spec(path: str | os.PathLike[str]) -> Spec:
     """Read and validate the spec file `path`. A missing or unreadable file
     raises OSError; anything wrong inside it raises SpecError."""
+    return parse_spec(read_spec_text(path), os.fspath(path))
+
+
+def read_spec_text(path: str | os.PathLike[str]) -> str:
+    """The text of the spec file `path` (OSError if unreadable, SpecError if not UTF-8)."""
     filename = os.fspath(path)
     data = pathlib.Path(filename).read_bytes()
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{filename}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    return parse_spec(text, filename)
 
 
 def parse_spec(text: str, filename: str = "<spec>") -> Spec:
     """Validate the spec in `text`; `filename` names it in error messages and
     gives the default `name` (its stem)."""
-    data = _parse_yaml(text, filename)
+    data = parse_yaml(text, filename)
+    if is_mesh_search(data):
+        raise SpecError(f"{filename}: mesh: a mesh search (auto sizes) is run by `shardplan plan`, which plans "
+                        "every mesh and reports the best; this command needs a concrete mesh")
+    return validate_spec(data, filename)
+
+
+def is_mesh_search(data: Any) -> bool:
+    """The spec leaves mesh sizes to the planner: `mesh: auto`, or an axis sized `auto`."""
+    mesh = data.get("mesh") if isinstance(data, dict) else None
+    return mesh == "auto" or isinstance(mesh, dict) and "auto" in mesh.values()
+
+
+def validate_spec(data: dict[Any, Any], filename: str) -> Spec:
+    """The Spec of parsed YAML `data` (`filename` names it in error messages)."""
     data.setdefault("name", pathlib.PurePath(filename).stem)
     try:
         spec = Spec.model_validate(data)
@@ -617,7 +635,7 @@ def parse_spec(text: str, filename: str = "<spec>") -> Spec:
     return spec
 
 
-def _parse_yaml(text: str, filename: str) -> dict[Any, Any]:
+def parse_yaml(text: str, filename: str) -> dict[Any, Any]:
     """The top-level mapping of the YAML text."""
     try:
         data = yaml.load(text, Loader=_SpecLoader)
