@@ -28,7 +28,7 @@ from typing import Any
 
 from costmodel.hardware import PRESETS, topology_links
 from ir.lower import LowerOptions
-from solver.planning.planner import Planned, SearchOverrides, plan_spec
+from solver.planning.planner import Planned, SearchOverrides, plan_spec, prepare
 from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
 
@@ -129,6 +129,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         raise SpecError(f"{filename}: mesh: auto plans each mesh with a search backend: add --solver cpsat "
                         "(or mcts)")
     tried, seen = [], set()
+    prepared = None  # the program, its analysis and its one-device cost do not depend on the mesh
     for mesh in candidate_meshes(data, filename):
         spec = validate_spec(concrete_data(data, mesh), filename)
         hardware = spec.hardware_obj()
@@ -143,8 +144,9 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         start = time.perf_counter()
         shape = " x ".join(f"{a}={n}" for a, n in mesh)
         progress.update(f"mesh search: {shape}", force=True)
+        prepared = prepared or prepare(spec)
         try:
-            planned = plan_spec(spec, solver, options, overrides, progress)
+            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared)
             message = planned.search[-1].message if planned.search else ""
         except NoPlanFits as exc:
             planned, message = None, str(exc)
