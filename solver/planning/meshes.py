@@ -176,7 +176,8 @@ def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:
 
 def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     """The table `shardplan plan` prints before the best mesh's plan."""
-    lines = [f"mesh search: {len(rows)} meshes of {devices} devices, each planned over all its axes", "",
+    meshes = f"{len(rows)} mesh" + ("es" if len(rows) != 1 else "")
+    lines = [f"mesh search: {meshes} of {devices} devices, each planned over all its axes", "",
              f"  {'mesh':<28} {'links':<28} {'step time':>12} {'peak memory':>12} {'fits':>5} {'search':>8}"]
     for r in rows:
         shape = " x ".join(f"{a}={n}" for a, n in r["mesh"].items())
