@@ -40,6 +40,30 @@ def test_candidate_meshes():
         candidate_meshes({"devices": 8, "mesh": {"batch": "auto", "model": "three"}}, "s.yaml")
 
 
+def test_listed_mesh_candidates():
+    listed = {"devices": 16, "mesh_candidates": [{"batch": 8, "model": 2}, {"model": 16}]}
+    assert candidate_meshes(listed, "s.yaml") == [(("batch", 8), ("model", 2)), (("model", 16),)]
+    with pytest.raises(SpecError, match=r"mesh_candidates.1: 8 devices, but devices: 16"):
+        candidate_meshes({"devices": 16, "mesh_candidates": [{"batch": 16}, {"batch": 8}]}, "s.yaml")
+    with pytest.raises(SpecError, match=r"mesh_candidates.1: 8 devices, but mesh_candidates.0 has 16"):
+        candidate_meshes({"mesh_candidates": [{"batch": 16}, {"batch": 8}]}, "s.yaml")
+    with pytest.raises(SpecError, match=r"mesh_candidates.0.batch: a size of at least 2; got 1"):
+        candidate_meshes({"mesh_candidates": [{"batch": 1}]}, "s.yaml")
+    with pytest.raises(SpecError, match=r"give either mesh or mesh_candidates, not both"):
+        candidate_meshes({"mesh": "auto", "mesh_candidates": [{"batch": 2}]}, "s.yaml")
+    with pytest.raises(SpecError, match=r"mesh_candidates: a list of meshes"):
+        candidate_meshes({"mesh_candidates": {"batch": 2}}, "s.yaml")
+
+
+def test_a_listed_mesh_search_plans_the_listed_meshes(tmp_path):
+    path = tmp_path / "listed.yaml"
+    path.write_text(SMALL.replace("mesh: MESH", "mesh_candidates: [{model: 4}, {batch: 2, model: 2}]"))
+    search = plan_meshes(path, "cpsat")
+    assert [t.mesh for t in search.tried] == [(("model", 4),), (("batch", 2), ("model", 2))]
+    assert search.devices == 4
+    assert search.best.assessment.cost.step_time_s == min(t.step_time_s for t in search.tried)
+
+
 def test_topology_links_follow_the_nodes():
     # A100 nodes of 8 on NVLink, InfiniBand between: the minor axis is laid out fastest.
     assert topology_links("A100-80GB", [("batch", 4), ("model", 8)]) == {"batch": "infiniband", "model": "nvlink"}

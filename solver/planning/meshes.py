@@ -4,6 +4,7 @@
     mesh: auto                   # batch x model, every split of the devices
     mesh: {batch: auto, model: auto}
     mesh: {data: auto, seq: 2, model: auto}   # some axes fixed
+    mesh_candidates: [{batch: 8, model: 8}, {batch: 16, model: 4}]   # a list
 
 Every ordered factorization of the devices into the auto axes (after the
 fixed ones) is a candidate mesh; an axis of size 1 is left out, so a
@@ -71,6 +72,8 @@ def ordered_factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
 
 def candidate_meshes(data: dict[str, Any], filename: str) -> list[tuple[tuple[str, int], ...]]:
     """The meshes a mesh-search spec allows (axes major to minor, sizes >= 2)."""
+    if "mesh_candidates" in data:
+        return _listed_meshes(data, filename)
     devices = data.get("devices")
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise SpecError(f"{filename}: devices: a mesh search needs the device count (an integer, e.g. devices: 16)")
@@ -96,10 +99,35 @@ def candidate_meshes(data: dict[str, Any], filename: str) -> list[tuple[tuple[st
     return meshes
 
 
+def _listed_meshes(data: dict[str, Any], filename: str) -> list[tuple[tuple[str, int], ...]]:
+    """`mesh_candidates: [{batch: 8, model: 8}, {batch: 16, model: 4}]`: the meshes to compare, as given."""
+    listed = data["mesh_candidates"]
+    if "mesh" in data:
+        raise SpecError(f"{filename}: give either mesh or mesh_candidates, not both")
+    if not isinstance(listed, list) or not listed:
+        raise SpecError(f"{filename}: mesh_candidates: a list of meshes, e.g. [{{batch: 8, model: 8}}, "
+                        "{batch: 16, model: 4}]")
+    meshes = []
+    for i, mesh in enumerate(listed):
+        if not isinstance(mesh, dict) or not mesh:
+            raise SpecError(f"{filename}: mesh_candidates.{i}: a mesh {{axis: size, ...}}; got {mesh!r}")
+        for axis, size in mesh.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+                raise SpecError(f"{filename}: mesh_candidates.{i}.{axis}: a size of at least 2; got {size!r}")
+        total = math.prod(mesh.values())
+        if "devices" in data and total != data["devices"]:
+            raise SpecError(f"{filename}: mesh_candidates.{i}: {total} devices, but devices: {data['devices']}")
+        if meshes and total != math.prod(n for _, n in meshes[0]):
+            raise SpecError(f"{filename}: mesh_candidates.{i}: {total} devices, but mesh_candidates.0 has "
+                            f"{math.prod(n for _, n in meshes[0])}: the meshes compared share one cluster")
+        meshes.append(tuple(mesh.items()))
+    return meshes
+
+
 def concrete_data(data: dict[str, Any], mesh: tuple[tuple[str, int], ...]) -> dict[str, Any]:
     """The spec's data with this mesh, the links of its axes (the spec's, else
     the preset's topology), and no schedules."""
-    out = copy.deepcopy({k: v for k, v in data.items() if k not in ("schedule", "schedules")})
+    out = copy.deepcopy({k: v for k, v in data.items() if k not in ("schedule", "schedules", "mesh_candidates")})
     out["mesh"] = dict(mesh)
     axes = {a for a, _ in mesh}
     hardware = out.get("hardware")
@@ -128,9 +156,11 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
     if solver not in ("cpsat", "mcts"):
         raise SpecError(f"{filename}: mesh: auto plans each mesh with a search backend: add --solver cpsat "
                         "(or mcts)")
+    candidates = candidate_meshes(data, filename)
+    devices = math.prod(n for _, n in candidates[0])
     tried, seen = [], set()
     prepared = None  # the program, its analysis and its one-device cost do not depend on the mesh
-    for mesh in candidate_meshes(data, filename):
+    for mesh in candidates:
         spec = validate_spec(concrete_data(data, mesh), filename)
         hardware = spec.hardware_obj()
         # A search over every axis does not read axis names, so meshes with the same sizes on the same
@@ -156,9 +186,9 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
     fitting = [t for t in tried if t.planned is not None and t.planned.assessment.cost.fits]
     if not fitting:
         raise NoPlanFits(f"{filename}: mesh search: no plan fits on any of the {len(tried)} meshes of "
-                         f"{data['devices']} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in tried))
+                         f"{devices} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in tried))
     best = min(fitting, key=lambda t: t.step_time_s)  # the first in enumeration order on a tie
-    return MeshSearch(data["devices"], tuple(tried), best.planned)
+    return MeshSearch(devices, tuple(tried), best.planned)
 
 
 def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:

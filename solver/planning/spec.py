@@ -619,9 +619,12 @@ def parse_spec(text: str, filename: str = "<spec>") -> Spec:
 
 
 def is_mesh_search(data: Any) -> bool:
-    """The spec leaves mesh sizes to the planner: `mesh: auto`, or an axis sized `auto`."""
-    mesh = data.get("mesh") if isinstance(data, dict) else None
-    return mesh == "auto" or isinstance(mesh, dict) and "auto" in mesh.values()
+    """The spec leaves the mesh to the planner: `mesh: auto`, an axis sized
+    `auto`, or a list of `mesh_candidates`."""
+    if not isinstance(data, dict):
+        return False
+    mesh = data.get("mesh")
+    return "mesh_candidates" in data or mesh == "auto" or isinstance(mesh, dict) and "auto" in mesh.values()
 
 
 def validate_spec(data: dict[Any, Any], filename: str) -> Spec:
