@@ -12,6 +12,7 @@ from test_cpsat import brute_force
 
 from costmodel.hardware import topology_links
 from costmodel.table import CostTable
+from ir.core import Mesh
 from solver.plan import Plan
 from solver.planning.meshes import candidate_meshes, concrete_data, ordered_factorizations, plan_meshes
 from solver.planning.planner import prepare
@@ -153,3 +154,20 @@ def test_cli_plan_with_a_mesh_search(capsys, tmp_path):
     assert code == 1 and "a mesh search (mesh: auto) has no schedules" in err
     code, out, _ = shardplan(capsys, "plan", "specs/mlp.yaml", "--json")
     assert json.loads(out)["mesh_search"] == []  # a fixed mesh
+
+
+def test_the_next_mesh_is_hinted_with_the_fastest_plan_so_far(tmp_path):
+    from types import SimpleNamespace
+
+    from solver.planning.meshes import _seed
+
+    path = tmp_path / "auto.yaml"
+    path.write_text(SMALL.replace("MESH", "auto"))
+    tried = list(plan_meshes(path, "cpsat").tried)
+    fastest = min(tried, key=lambda t: t.step_time_s).planned.plan
+    shared = SimpleNamespace(nda=tried[0].planned.nda)
+    seed = _seed(tried, shared, Mesh.of(model=4))
+    assert seed.mesh == Mesh.of(model=4)
+    assert seed.decisions == tuple(d for d in fastest.decisions if d.axis == "model")
+    assert _seed(tried, SimpleNamespace(nda=None), Mesh.of(model=4)) is None  # another program's plans: none
+    assert _seed([], shared, Mesh.of(model=4)) is None

@@ -16,6 +16,9 @@ axis names, with the same sizes on the same links, are one problem to a
 search over every axis, and only the first is planned. Each candidate is planned
 by the search backend over all of its axes (a spec's schedules name axes of
 one mesh, so a mesh search has none), and the fastest plan that fits wins.
+CP-SAT on each mesh is hinted with the fastest plan of the meshes before
+(its decisions on the axes both meshes have), as XLA's auto-sharding
+carries hints across the mesh shapes it tries.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.hardware import PRESETS, topology_links
+from ir.core import Mesh
 from ir.lower import LowerOptions
-from solver.planning.planner import Planned, SearchOverrides, plan_spec, prepare
+from solver.plan import Plan
+from solver.planning.planner import Planned, Prepared, SearchOverrides, plan_spec, prepare
 from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
 
@@ -176,7 +181,8 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         progress.update(f"mesh search: {shape}", force=True)
         prepared = prepared or prepare(spec)
         try:
-            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared)
+            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
+                                hint=_seed(tried, prepared, spec.mesh_obj()))
             message = planned.search[-1].message if planned.search else ""
         except NoPlanFits as exc:
             planned, message = None, str(exc)
@@ -189,6 +195,19 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
                          f"{devices} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in tried))
     best = min(fitting, key=lambda t: t.step_time_s)  # the first in enumeration order on a tie
     return MeshSearch(devices, tuple(tried), best.planned)
+
+
+def _seed(tried: list[MeshTried], prepared: Prepared, mesh: Mesh) -> Plan | None:
+    """CP-SAT's hint on the next mesh (XLA's hints across mesh shapes): the
+    fastest plan so far of the shared program, its decisions on the axes
+    this mesh also has. The colors are the shared NDA's, so they carry over."""
+    done = [t.planned for t in tried if t.planned is not None and t.planned.nda is prepared.nda
+            and t.planned.assessment.cost.fits]
+    if not done:
+        return None
+    best = min(done, key=lambda p: p.assessment.cost.step_time_s).plan
+    return Plan(mesh, tuple(d for d in best.decisions if d.axis in mesh.names), best.resolutions,
+                tuple((k, a) for k, a in best.replicated if a in mesh.names))
 
 
 def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:

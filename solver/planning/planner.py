@@ -100,7 +100,7 @@ def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
 
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
               overrides: SearchOverrides | None = None, progress: Progress = SILENT,
-              schedule: str | None = None, prepared: Prepared | None = None) -> Planned:
+              schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None) -> Planned:
     """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
     None: the default, see `Spec.schedule_name`) and lower the plan.
     `solver="none"` runs the schedule as written (its auto tactics with their
@@ -108,10 +108,12 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     or, if the schedule has none, a fully automatic schedule (auto on every
     mesh axis) hinted with the schedule's manual plan. `prepared` reuses the
     program of an earlier call on the same spec (unless the schedule
-    rematerializes other layers: a remat tactic changes the program)."""
+    rematerializes other layers: a remat tactic changes the program).
+    `hint`: a plan of that program for CP-SAT's hint when the schedule gives
+    none (a mesh search passes the best plan of the meshes before)."""
     remat = spec.remat(schedule)
     try:
-        planned = _plan(spec, solver, options, overrides, progress, schedule, prepared, remat)
+        planned = _plan(spec, solver, options, overrides, progress, schedule, prepared, remat, hint)
     except NoPlanFits as no_fit:
         if remat:  # the schedule chose its remat itself
             raise
@@ -167,9 +169,10 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
 
 
 def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
-          progress: Progress, schedule: str | None, prepared: Prepared | None, remat: tuple[str, ...]) -> Planned:
+          progress: Progress, schedule: str | None, prepared: Prepared | None, remat: tuple[str, ...],
+          hint: Plan | None = None) -> Planned:
     if prepared is None or prepared.remat != remat:
-        prepared = prepare(spec, remat)
+        prepared, hint = prepare(spec, remat), None  # the hint's colors are the other program's
     model, nda = prepared.model, prepared.nda
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
@@ -178,6 +181,8 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     search = _Search(model, nda, mesh, hardware, progress)
     if hint_tactics:
         search.hint = apply_schedule(nda, mesh, hint_tactics)
+    elif hint is not None:
+        search.hint = hint
     plan = apply_schedule(nda, mesh, tactics, search)
     sharding = plan.materialize(nda)
     seconds["plan"] = time.perf_counter() - t0
