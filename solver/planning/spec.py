@@ -54,11 +54,8 @@ import math
 import os
 import pathlib
 import re
-import types
-import typing
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -79,16 +76,13 @@ from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
 from ir.remat import layer_segments, rematerialize, select_layers
 from ir.stablehlo import import_module
+from solver.planning.spec_yaml import SpecError, parse_yaml, read_spec_text, validation_message
 from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, Tactic
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
 # PartitionSpecs, where plain identifiers need no quoting.
 AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
-
-
-class SpecError(IRError):
-    """A malformed spec; the message is one line naming the file and the field."""
 
 
 class _Strict(BaseModel):
@@ -573,39 +567,10 @@ def _globbed(names: list[str], patterns: list[str], where: str) -> set[str]:
     return out
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which PyYAML would resolve by
-    silently keeping the last one."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            # Merge keys (<<) may legitimately repeat and be overridden.
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = (key_node.tag, key_node.value)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_spec(path: str | os.PathLike[str]) -> Spec:
     """Read and validate the spec file `path`. A missing or unreadable file
     raises OSError; anything wrong inside it raises SpecError."""
     return parse_spec(read_spec_text(path), os.fspath(path))
-
-
-def read_spec_text(path: str | os.PathLike[str]) -> str:
-    """The text of the spec file `path` (OSError if unreadable, SpecError if not UTF-8)."""
-    filename = os.fspath(path)
-    data = pathlib.Path(filename).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{filename}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
 def parse_spec(text: str, filename: str = "<spec>") -> Spec:
@@ -633,87 +598,6 @@ def validate_spec(data: dict[Any, Any], filename: str) -> Spec:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_validation_message(filename, exc)) from exc
+        raise SpecError(validation_message(filename, exc, Spec)) from exc
     spec._source = filename
     return spec
-
-
-def parse_yaml(text: str, filename: str) -> dict[Any, Any]:
-    """The top-level mapping of the YAML text."""
-    try:
-        data = yaml.load(text, Loader=_SpecLoader)
-    except yaml.YAMLError as exc:
-        raise SpecError(_yaml_message(filename, text, exc)) from exc
-    if data is None:
-        raise SpecError(f"{filename}: empty spec; expected a mapping with model, mesh and hardware")
-    if not isinstance(data, dict):
-        raise SpecError(
-            f"{filename}: a spec must be a mapping with model, mesh and hardware, not a {type(data).__name__}"
-        )
-    return data
-
-
-def _yaml_message(filename: str, text: str, exc: yaml.YAMLError) -> str:
-    """`file:line:col: problem (context)` for a YAML error, on one line."""
-    if isinstance(exc, yaml.reader.ReaderError):  # a control character: it has an offset, not a mark
-        line = text.count("\n", 0, exc.position) + 1
-        column = exc.position - text.rfind("\n", 0, exc.position)
-        return f"{filename}:{line}:{column}: unacceptable character #x{exc.character:04x}: {exc.reason}"
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None:
-        return f"{filename}: {_one_line(str(exc))}"
-    problem = exc.problem or exc.context or "invalid YAML"
-    context = f" ({exc.context})" if exc.problem and exc.context else ""
-    return f"{filename}:{mark.line + 1}:{mark.column + 1}: {_one_line(problem + context)}"
-
-
-def _validation_message(filename: str, exc: ValidationError) -> str:
-    """`file: dotted.field: message` for the first error, noting how many more."""
-    errors = exc.errors()
-    # A misspelt key also makes the key it stands for missing; the misspelling
-    # is the error to show.
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = first["loc"]
-    where = ".".join(map(str, loc))
-    if first["type"] == "value_error":  # our validators: drop pydantic's "Value error, " prefix
-        message = str(first["ctx"]["error"])
-    elif first["type"] == "extra_forbidden":
-        message = f"unknown key; valid keys: {', '.join(_fields_at(loc[:-1]))}"
-    else:
-        message = first["msg"]
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    # A whole-spec check (empty loc) names its field in its own message.
-    return f"{filename}: {where + ': ' if where else ''}{_one_line(message)}{more}"
-
-
-def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
-    """The field names of the spec model found by following `loc` from Spec
-    through fields, list indices (schedule.0) and mapping keys (hardware.links.batch)."""
-    annotation: Any = Spec
-    for part in loc:
-        annotation = _unwrap(annotation)
-        if typing.get_origin(annotation) in (list, dict):
-            annotation = typing.get_args(annotation)[-1]  # the element: an index or a key was consumed
-        else:
-            annotation = _model_of(annotation).model_fields[str(part)].annotation
-    return list(_model_of(annotation).model_fields)
-
-
-def _unwrap(annotation: Any) -> Any:
-    """`annotation` without Annotated[...] metadata."""
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    return annotation
-
-
-def _model_of(annotation: Any) -> type[BaseModel]:
-    """The spec model in `annotation`: itself, or the model member of a union (`ManualSpec | None`)."""
-    annotation = _unwrap(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return next(m for m in map(_unwrap, typing.get_args(annotation))
-                    if isinstance(m, type) and issubclass(m, BaseModel))
-    return annotation
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
