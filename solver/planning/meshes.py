@@ -58,7 +58,7 @@ class MeshTried:
 
     @property
     def shape(self) -> str:
-        return " x ".join(f"{a}={n}" for a, n in self.mesh)
+        return mesh_shape(self.mesh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,11 @@ class MeshSearch:
     devices: int
     tried: tuple[MeshTried, ...]  # in enumeration order
     best: Planned  # the fastest plan that fits
+
+
+def mesh_shape(mesh) -> str:
+    """`batch=2 x model=8` for (axis, size) pairs."""
+    return " x ".join(f"{a}={n}" for a, n in mesh)
 
 
 def ordered_factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -177,8 +182,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
                 continue
             seen.add(same)
         start = time.perf_counter()
-        shape = " x ".join(f"{a}={n}" for a, n in mesh)
-        progress.update(f"mesh search: {shape}", force=True)
+        progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
         prepared = prepared or prepare(spec)
         try:
             planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
@@ -229,7 +233,7 @@ def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     lines = [f"mesh search: {meshes} of {devices} devices, each planned over all its axes", "",
              f"  {'mesh':<28} {'links':<28} {'step time':>12} {'peak memory':>12} {'fits':>5} {'search':>8}"]
     for r in rows:
-        shape = " x ".join(f"{a}={n}" for a, n in r["mesh"].items())
+        shape = mesh_shape(r["mesh"].items())
         links = ", ".join(r["links"].values())
         step = f"{r['step_time_s'] * 1e3:,.3f} ms" if r["step_time_s"] is not None else "no plan"
         peak = f"{r['peak_memory_bytes'] / 2**30:,.2f} GiB" if r["peak_memory_bytes"] is not None else "-"
@@ -239,5 +243,5 @@ def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-__all__ = ["MeshSearch", "MeshTried", "candidate_meshes", "concrete_data", "format_mesh_search",
+__all__ = ["MeshSearch", "MeshTried", "candidate_meshes", "concrete_data", "format_mesh_search", "mesh_shape",
            "mesh_search_json", "ordered_factorizations", "plan_meshes"]
