@@ -27,6 +27,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
+from ir.pipeline import PIPELINE  # noqa: E402
 from solver.planning.planner import SearchOverrides, plan_spec, prepare  # noqa: E402
 from solver.planning.spec import load_spec  # noqa: E402
 from solver.search.report import NoPlanFits  # noqa: E402
@@ -111,6 +112,9 @@ def main() -> int:
     specs = sorted((ROOT / "specs").glob("*.yaml"))
     if args.only:
         specs = [p for p in specs if p.stem in args.only]
+    # A pipeline is priced by its schedule, not by one program's serial sum, overlap or re-ranking:
+    # bench/distir_grid.py covers pipelines.
+    specs = [p for p in specs if PIPELINE not in load_spec(p).mesh]
     rows = []
     for path in specs:
         rows.append(measure(path, args.k))

@@ -10,6 +10,10 @@ Every device runs the same program (SPMD), so one walk gives the step time:
         all_gather       f * result bytes / bandwidth + (n - 1) * latency
         reduce_scatter   f * operand bytes / bandwidth + (n - 1) * latency
         all_to_all       f * bytes / bandwidth + (n - 1) * latency
+        collective_permute
+                         bytes / bandwidth + latency: every member sends its
+                         operand to one peer at once, one hop whatever the
+                         shift (a pipeline axis is a chain of links)
     (`all_slice` moves nothing between devices: it is a local copy and is
     costed as one);
   - ops XLA would fuse run as one kernel (`costmodel.fusion`): a kernel of
@@ -42,7 +46,7 @@ from costmodel.hardware import Hardware
 from ir import ops
 from ir.core import Attrs, Function, Mesh, TensorType
 
-COMMUNICATION = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+COMMUNICATION = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 MEMORY_PENALTY = 10.0
 
 
@@ -65,6 +69,9 @@ def collective_s(kind: str, axes: Sequence[str], operand: TensorType, result: Te
         return f * result.num_bytes / link.effective_bandwidth + hops * link.latency
     if kind in ("reduce_scatter", "all_to_all"):
         return f * operand.num_bytes / link.effective_bandwidth + hops * link.latency
+    if kind == "collective_permute":
+        # No (n - 1) / n: each member's whole operand crosses one link, all links at once.
+        return operand.num_bytes / link.effective_bandwidth + link.latency
     raise ValueError(f"not a communicating collective: {kind}")
 
 

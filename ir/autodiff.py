@@ -44,24 +44,45 @@ def _needed_by(fn: Function, target: Value) -> set[Value]:
     return needed
 
 
-def backward(b: Builder, fn: Function, loss: Value, wrt: Sequence[Value]) -> dict[Value, Value]:
+def backward(b: Builder, fn: Function, loss: Value, wrt: Sequence[Value],
+             origins: dict[str, str] | None = None) -> dict[Value, Value]:
     """Emit into `b` (which holds `fn`'s ops) the gradient of `loss` with
-    respect to each value in `wrt`; returns value -> gradient value."""
+    respect to each value in `wrt`; returns value -> gradient value.
+
+    `origins`, when given, receives for every value the backward defines the
+    name of the forward value it comes from: the result of the op whose VJP
+    emitted it (a fan-out sum: of the op whose contribution it adds), the
+    loss for its seed, the parameter for a gradient that is all zeros.
+    Pipelining places backward ops on the stage of their forward op by it."""
     if loss.type.shape != () or loss.type.dtype not in FLOAT_DTYPES:
         raise IRError(f"can only differentiate a float scalar loss, %{loss.name} is {loss.type}")
     active = _reaching(fn, set(wrt)) & _needed_by(fn, loss)
+
+    def record(start: int, origin: Value) -> None:
+        if origins is not None:
+            origins.update((r.name, origin.name) for op in b.body[start:] for r in op.results)
+
+    start = len(b.body)
     cotangent: dict[Value, Value] = {loss: b.full([], 1.0, loss.type.dtype)}
+    record(start, loss)
     for op in reversed(fn.ops):
         g = cotangent.get(op.result) if len(op.results) == 1 else None
         wanted = tuple(o in active for o in op.operands)
         if g is None or not any(wanted):
             continue
+        start = len(b.body)
         for operand, contribution in zip(op.operands, _vjp(b, op, g, wanted)):
             if contribution is None or operand not in active:
                 continue
             previous = cotangent.get(operand)
             cotangent[operand] = contribution if previous is None else b.add(previous, contribution)
-    return {w: cotangent.get(w) or b.zeros(w.type.shape, w.type.dtype) for w in wrt}
+        record(start, op.results[0])
+    grads = {}
+    for w in wrt:
+        start = len(b.body)
+        grads[w] = cotangent.get(w) or b.zeros(w.type.shape, w.type.dtype)
+        record(start, w)
+    return grads
 
 
 def _vjp(b: Builder, op: Op, g: Value, wanted: tuple[bool, ...]) -> tuple[Value | None, ...]:
@@ -148,22 +169,28 @@ def training_step(forward: Function | Model, params: Sequence[str] | None = None
     b.adopt(fn)
     state = {w: [b.param(n, w.type.shape, w.type.dtype) for n in optimizer.state(w)] for w in wrt}
     step = b.param("opt.step", [], "f32") if isinstance(optimizer, Adam) else None
-    grads = backward(b, fn, fn.results[0], wrt)
+    origins: dict[str, str] = {}
+    grads = backward(b, fn, fn.results[0], wrt, origins)
     new_params, new_state = [], []
     for w in wrt:
+        start = len(b.body)
         if isinstance(optimizer, Adam):
             updated, m, v = _adam_update(b, optimizer, w, grads[w], *state[w], step)
             new_state += [m, v]
         else:
             updated = b.sub(w, b.mul(grads[w], optimizer.lr), name=f"{w.name}.new")
         new_params.append(updated)
+        origins.update((r.name, w.name) for op in b.body[start:] for r in op.results)
     if step is not None:
+        start = len(b.body)
         new_state.append(b.add(step, 1.0, name="opt.step.new"))
+        origins.update((r.name, step.name) for op in b.body[start:] for r in op.results)
     result = b.build([fn.results[0], *new_params, *new_state])
     inputs = model.inputs if model else tuple(p.name for p in fn.params if p.name not in params)
     untrained = tuple(n for n in (model.params if model else ()) if n not in params)
     state_names = tuple(v.name for w in wrt for v in state[w]) + (("opt.step",) if step is not None else ())
-    return Model(result, tuple(params), tuple(inputs) + untrained, state_names)
+    return Model(result, tuple(params), tuple(inputs) + untrained, state_names,
+                 origins=tuple(sorted(origins.items())), forward_ops=len(fn.ops))
 
 
 def _adam_update(b: Builder, opt: Adam, w: Value, g: Value, m: Value, v: Value, step: Value) -> tuple:

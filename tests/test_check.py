@@ -105,7 +105,8 @@ def test_plan_runs_a_named_schedule(capsys):
     _, out, _ = shardplan(capsys, "plan", spec, "--schedule", "BP+MP+Z3", "--json")
     report = json.loads(out)
     assert report["schedule"] == "BP+MP+Z3"
-    assert report["collectives"] == dict(all_reduce=2, all_gather=3, reduce_scatter=2, all_to_all=0, all_slice=0)
+    assert report["collectives"] == dict(all_reduce=2, all_gather=3, reduce_scatter=2, all_to_all=0, all_slice=0,
+                                         collective_permute=0)
     _, out, _ = shardplan(capsys, "plan", spec)
     assert out.splitlines()[0].endswith("plan (solver none) on mesh batch=4 x model=2")  # the default `schedule:`
     _, out, _ = shardplan(capsys, "plan", spec, "--schedule", "BP")

@@ -37,6 +37,13 @@ def make(kind: str, operands: Sequence[TensorType], **attrs) -> ops.Op:
     return ops.make_op(kind, [Value(f"x{i}", ty) for i, ty in enumerate(operands)], attrs, ["y"])
 
 
+def received(xs: list[np.ndarray], r: int, shift: int) -> np.ndarray:
+    """collective_permute by hand: member r gets member r - shift's input; a
+    member with no sender gets zeros (a chain, not a ring)."""
+    sender = r - shift
+    return xs[sender] if sender in range(len(xs)) else np.zeros(xs[r].shape, xs[r].dtype)
+
+
 def nth_block(x: np.ndarray, dim: int, parts: int, r: int) -> np.ndarray:
     """Block r of `parts` equal blocks of x along dim."""
     step = x.shape[dim] // parts
@@ -59,6 +66,11 @@ COLLECTIVE_CASES = [
                    lambda xs, r: nth_block(np.hstack(xs), 0, len(xs), r)),
     CollectiveCase("all_to_all", "0_to_1", (5, 12), {"src_dim": 0, "dst_dim": 1},
                    lambda xs, r: nth_block(np.vstack(xs), 1, len(xs), r)),
+    # Over every grouping below: one axis of 2 or 3 of a 2-axis mesh, an axis
+    # of 4 (shift 2 leaves two members without a sender), two axes at once.
+    CollectiveCase("collective_permute", "next", (3, 5), {"shift": 1}, lambda xs, r: received(xs, r, 1)),
+    CollectiveCase("collective_permute", "previous", (3, 5), {"shift": -1}, lambda xs, r: received(xs, r, -1)),
+    CollectiveCase("collective_permute", "skip_one", (3, 5), {"shift": 2}, lambda xs, r: received(xs, r, 2)),
 ]
 
 MESHES = {"x4": Mesh.of(x=4), "b2m3": Mesh.of(batch=2, model=3)}
@@ -169,6 +181,9 @@ def test_gather_and_slice_agree_with_shard(mesh_name: str, axes: tuple[str, ...]
     ("all_to_all", {"axes": ["model"], "src_dim": 0, "dst_dim": 0}, "must differ"),
     ("all_gather", {"axes": ["model"], "dim": 2}, "out of range"),
     ("all_reduce", {"axes": []}, "attribute 'axes'"),
+    ("collective_permute", {"axes": ["model"], "shift": 0}, "shift must be nonzero"),
+    ("collective_permute", {"axes": ["nope"], "shift": 1}, "unknown mesh axis 'nope'"),
+    ("collective_permute", {"axes": ["model"]}, "attribute 'shift'"),
     ("all_reduce", {"axes": ["model", "model"]}, "attribute 'axes'"),
 ])
 def test_collective_infer_errors(kind: str, attrs: dict, pattern: str):
@@ -190,5 +205,7 @@ def test_collective_result_types():
     assert ops.make_op("reduce_scatter", x, {"axes": ["batch"], "dim": 0}, ["y"], mesh).result.type == t(6, 5)
     a2a = ops.make_op("all_to_all", x, {"axes": ["model"], "src_dim": 1, "dst_dim": 0}, ["y"], mesh)
     assert a2a.result.type == t(4, 15)
+    permute = ops.make_op("collective_permute", x, {"axes": ["batch", "model"], "shift": -1}, ["y"], mesh)
+    assert permute.result.type == t(12, 5)
 
 

@@ -130,7 +130,8 @@ def test_all_reduce_on_a_ring_of_8():
     assert cost.communication_s == pytest.approx(expected, rel=1e-12)
     assert cost.compute_s == 0
     assert cost.flops == 0  # the combine is not counted as compute
-    assert cost.collective_counts == {"all_reduce": 1, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0}
+    assert cost.collective_counts == {"all_reduce": 1, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0,
+                                     "collective_permute": 0}
     assert cost.peak_memory_bytes == 2 * 4096
 
 
@@ -152,6 +153,24 @@ def test_gather_scatter_and_all_to_all_on_a_ring_of_8(op, operand, result, expec
     assert cost.compute_s == 0
     assert cost.collective_counts[kind] == 1
     assert sum(cost.collective_counts.values()) == 1
+
+
+@pytest.mark.parametrize("shift", [1, -1, 3])
+def test_collective_permute_is_one_hop_of_the_whole_operand(shift):
+    # Every member sends its 4096 B operand to one peer at once: no (n - 1) / n,
+    # one latency whatever the shift: 4096 / 1e11 + 1e-6 = 4.096e-8 + 1e-6
+    op = f'collective_permute(%a) {{axes = ["x"], shift = {shift}}}'
+    fn = parse(one_collective("mesh<x=8>", op, "tensor<1024xf32>", "tensor<1024xf32>"))
+    cost = evaluate(fn, hardware(["x"]))
+    assert cost.communication_s == pytest.approx(4.096e-8 + 1e-6, rel=1e-12)
+    assert cost.step_time_s == cost.communication_s
+    assert cost.flops == 0
+    assert cost.collective_counts["collective_permute"] == 1
+    assert sum(cost.collective_counts.values()) == 1
+    # Over y of a 2 x 4 mesh on y's link (50 GB/s, 2 us): 4096 / 5e10 + 2e-6 = 8.192e-8 + 2e-6
+    slow = hardware(["x"], links={"y": Link(bandwidth="50GB/s", latency="2us")})
+    assert collective_s("collective_permute", ("y",), tensor([1024]), tensor([1024]), Mesh.of(x=2, y=4),
+                        slow) == pytest.approx(8.192e-8 + 2e-6, rel=1e-12)
 
 
 def test_collective_over_one_axis_of_a_2d_mesh_uses_that_axis_group_only():
@@ -181,6 +200,7 @@ def test_collective_over_two_axes_uses_the_least_bandwidth_and_the_most_latency(
     ('all_gather(%a) {axes = ["one"], dim = 0}', "tensor<1024xf32>", "tensor<1024xf32>"),
     ('reduce_scatter(%a) {axes = ["one"], dim = 0}', "tensor<1024xf32>", "tensor<1024xf32>"),
     ('all_to_all(%a) {axes = ["one"], src_dim = 0, dst_dim = 1}', "tensor<8x1024xf32>", "tensor<8x1024xf32>"),
+    ('collective_permute(%a) {axes = ["one"], shift = 1}', "tensor<1024xf32>", "tensor<1024xf32>"),
 ])
 def test_a_group_of_one_device_costs_nothing(op, operand, result):
     fn = parse(one_collective("mesh<one=1, x=8>", op, operand, result))
@@ -209,7 +229,8 @@ def test_communication_and_compute_are_split_and_summed():
     assert cost.seconds_by_kind["all_slice"] > 0
     assert cost.compute_s == pytest.approx(4.194304e-6 + cost.seconds_by_kind["all_slice"], rel=1e-12)
     assert cost.step_time_s == pytest.approx(cost.compute_s + communication, rel=1e-12)
-    assert cost.collective_counts == {"all_reduce": 2, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0}
+    assert cost.collective_counts == {"all_reduce": 2, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0,
+                                     "collective_permute": 0}
 
 
 # ------------------------------------------------------------------ peak memory
@@ -346,7 +367,8 @@ def test_batch_parallel_training_step_adds_exactly_the_gradient_all_reduces():
     #   each 2 * (3/4) * bytes / 1e11 + 2 * 3 * 1e-6
     expected = sum(ring_all_reduce_s(nbytes, 4) for nbytes in (240, 160, 4))
     assert expected == pytest.approx(1.5 * 404 / 1e11 + 3 * 6e-6, rel=1e-12)
-    assert cost.collective_counts == {"all_reduce": 3, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0}
+    assert cost.collective_counts == {"all_reduce": 3, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0,
+                                     "collective_permute": 0}
     assert cost.communication_s == pytest.approx(expected, rel=1e-12)
     assert cost.step_time_s == pytest.approx(cost.compute_s + expected, rel=1e-12)
 

@@ -92,6 +92,11 @@ def _json_table(intro: str) -> str:
     return re.search(r"\n(\|.*?)\n(?!\|)", after, re.S).group(1)
 
 
+def _rows(table: str) -> dict[str, str]:
+    """A field table's first column (as written) -> its meaning column."""
+    return {row.split("|")[1].strip(): row.split("|")[3].strip() for row in table.splitlines()[2:]}
+
+
 def _documented(table: str) -> set[str]:
     """The field names of a table's first column (`a`, `b` in one cell count as two)."""
     names = set()
@@ -119,6 +124,26 @@ def test_plan_json_fields_are_documented(capsys):
     for group in ("cost", "plan"):
         listed = {name.split(".", 1)[1].removesuffix("[]") for name in documented if name.startswith(f"{group}.")}
         assert set(data[group]) == listed, group
+    assert data["pipeline"] is None
+    code, out, _ = shardplan(capsys, "plan", ROOT / "specs" / "transformer_pipeline.yaml", "--json")
+    pipeline = json.loads(out)["pipeline"]
+    rows = _rows(_json_table("`shardplan plan SPEC --json`"))
+    for key in pipeline:
+        assert f"`{key}`" in rows["`pipeline`"] or f"`pipeline.{key}[]`" in rows, key
+    for part in ("transfers", "per_stage"):
+        for key in pipeline[part][0]:
+            assert f"`{key}`" in rows[f"`pipeline.{part}[]`"], (part, key)
+
+
+def test_grid_json_fields_are_documented(capsys):
+    code, out, err = shardplan(capsys, "plan", ROOT / "specs" / "mesh_search" / "deep_mlp_8192x16.yaml",
+                               "--solver", "cpsat", "--grid", "--stages", "1,2", "--microbatches", "1,2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    table = _json_table("`shardplan plan SPEC --solver cpsat --grid --json`")
+    assert set(data) == {name.removesuffix("[]") for name in _documented(table)}
+    for key in data["grid"][0]:
+        assert f"`{key}`" in _rows(table)["`grid[]`"], key
 
 
 def test_bench_scripts_find_their_markers_in_the_readme():
@@ -126,7 +151,7 @@ def test_bench_scripts_find_their_markers_in_the_readme():
     (begin, end) = re.search(r'^BEGIN, END = "([^"]+)", "([^"]+)"', source, re.M).groups()
     pairs = [("iopddl.py", README, begin, end)]
     # The others write through bench/readme_table.py: write_table("NAME", table[, path]).
-    for script, page_text in (("compare.py", README), ("efficiency.py", README),
+    for script, page_text in (("compare.py", README), ("efficiency.py", README), ("distir_grid.py", README),
                               ("distir_trend.py", page("specs.md")), ("rerank.py", page("specs.md"))):
         names = re.findall(r'write_table\("([^"]+)"', (ROOT / "bench" / script).read_text())
         assert names, script

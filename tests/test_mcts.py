@@ -14,6 +14,7 @@ from test_cpsat import CASES, EXECUTION_CASES, EXECUTION_IDS, brute_force, setup
 from costmodel.evaluate import evaluate
 from ir.core import Mesh
 from ir.lower import lower
+from solver.planning.expect import COLLECTIVE_KINDS
 from solver.search import mcts
 from solver.search.mcts import MctsOptions, solve
 from solver.search.report import SILENT
@@ -191,7 +192,7 @@ def test_cli_compare(capsys, tmp_path):
     assert set(report) == {"cpsat", "mcts"}
     for solver, r in report.items():
         assert r["solver"] == solver and r["search"][0]["solver"] == solver
-        assert set(r["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice"}
+        assert set(r["collectives"]) == set(COLLECTIVE_KINDS)
     # CP-SAT is exact on this space: the MCTS plan is never faster.
     assert report["cpsat"]["cost"]["step_time_s"] <= report["mcts"]["cost"]["step_time_s"] * (1 + 1e-9)
     code, out, err = shardplan(capsys, "compare", str(spec), "--budget", "20", "--iterations", "200", "--quiet")

@@ -306,7 +306,8 @@ def test_every_registered_kind_has_cases_and_every_field():
     collective = {k for k, d in REGISTRY.items() if d.is_collective}
     assert sorted(local - set(CASES)) == [], "op kinds without cases in CASES"
     assert sorted(set(CASES) - local) == [], "CASES names kinds that are not registered (or are collectives)"
-    assert collective == {"all_reduce", "all_gather", "all_slice", "reduce_scatter", "all_to_all"}, \
+    assert collective == {"all_reduce", "all_gather", "all_slice", "reduce_scatter", "all_to_all",
+                          "collective_permute"}, \
         "a new collective needs cases in test_collective_ops.COLLECTIVE_CASES"
     for name, opdef in REGISTRY.items():
         assert opdef.name == name

@@ -54,7 +54,7 @@ PAPER_SPECS = {
     "mlp", "simplified_attention", "transformer", "gemma_2b", "chinchilla_32l",
     "gemma_2b_tpuv3", "gemma_2b_a100", "gemma_7b_tpuv3", "gemma_7b_a100",
     "chinchilla_32l_tpuv3", "chinchilla_32l_a100", "transformer_decode", "gns", "unet",
-    "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96", "llama2_70b",
+    "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96", "llama2_70b", "transformer_pipeline",
 }
 
 
@@ -445,7 +445,8 @@ def test_named_schedules_extend_earlier_ones(tmp_path):
     assert spec.schedule_name() == "BP" and spec.tactics() == spec.tactics("BP")
     expect = spec.expectations()
     assert list(expect) == ["BP", "BP+MP"]
-    assert expect["BP"].counts() == dict(all_reduce=3, all_gather=0, reduce_scatter=0, all_to_all=0, all_slice=0)
+    assert expect["BP"].counts() == dict(all_reduce=3, all_gather=0, reduce_scatter=0, all_to_all=0, all_slice=0,
+                                         collective_permute=0)
     assert expect["BP"].fits is True and expect["BP+MP"].fits is None
 
 
@@ -475,9 +476,14 @@ def test_named_schedule_with_an_unknown_axis(tmp_path):
 
 @pytest.mark.parametrize("expect, expected", [
     ("{all_reduces: 3}", "schedules.BP.expect.all_reduces: unknown key; valid keys: all_reduce, all_gather, "
-                         "reduce_scatter, all_to_all, all_slice, fits"),
-    ("{all_reduce: -1}", "schedules.BP.expect.all_reduce: Input should be greater than or equal to 0"),
-    ("{all_reduce: '3'}", "schedules.BP.expect.all_reduce: Input should be a valid integer"),
+                         "reduce_scatter, all_to_all, all_slice, collective_permute, fits"),
+    ("{all_reduce: -1}", "schedules.BP.expect.all_reduce: a count is at least 0, got -1"),
+    ("{all_reduce: 2.5}", "schedules.BP.expect.all_reduce: expected a count or a formula of L, P, K, not 2.5"),
+    ("{all_reduce: 'L + x'}", "schedules.BP.expect.all_reduce: 'L + x': unknown name 'x'; formulas use L (the "
+                              "program's layers), P (the pipeline stages), K (the microbatches)"),
+    ("{all_reduce: 'L +'}", "schedules.BP.expect.all_reduce: 'L +' is not a formula of L, P, K"),
+    ("{all_reduce: 'L ** 2'}", "schedules.BP.expect.all_reduce: 'L ** 2': only integers, L, P, K, + - * // and "
+                               "parentheses"),
     ("{fits: maybe}", "schedules.BP.expect.fits: Input should be a valid boolean"),
 ])
 def test_expectation_errors_name_the_field(tmp_path, expect, expected):

@@ -26,6 +26,12 @@ class Model:
     # `with_sharding_constraint`s): (value name, dimension, mesh axis). Plans
     # pin them before any tactic.
     pinned: tuple[tuple[str, int, str], ...] = ()
+    # A training step's provenance (`ir.autodiff.training_step`): for each
+    # value of its backward and update, the forward value (or parameter) it
+    # comes from; and how many of its first ops are the forward. Empty and 0
+    # for a forward program or an imported step.
+    origins: tuple[tuple[str, str], ...] = ()
+    forward_ops: int = 0
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.function.params]

@@ -46,8 +46,10 @@ def deep_mlp(layers: int = 4, d_model: int = 16, batch: int = 8, dtype: str = "f
     target = b.param("target", [batch, d_model], dtype)
     names = tuple(f"layers.{i}.w" for i in range(layers))
     for i, name in enumerate(names):
-        h = b.matmul(h, b.param(name, [d_model, d_model], dtype), name=f"layers.{i}.y")
-        if i < layers - 1:
-            h = b.relu(h, name=f"layers.{i}.h")
+        last = i == layers - 1
+        # `layers.<i>.out` ends a layer: where remat and pipeline stages cut the program.
+        h = b.matmul(h, b.param(name, [d_model, d_model], dtype), name=f"layers.{i}.out" if last else f"layers.{i}.y")
+        if not last:
+            h = b.relu(h, name=f"layers.{i}.out")
     loss = mean_squared_error(b, h, target)
     return Model(b.build([loss]), names, BATCH_INPUTS)

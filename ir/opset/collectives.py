@@ -16,6 +16,9 @@ With k = the group size:
   all_to_all<src_dim, dst_dim, axes>
                                == all_slice<dst_dim>(all_gather<src_dim>(x)):
                                moves the axes' sharding from src_dim to dst_dim
+  collective_permute<axes, shift>
+                               member r gets member r - shift's value, zeros
+                               where r - shift is outside [0, k) (not cyclic)
 
 Over several axes, all_gather<(a, b)> == all_gather<a>(all_gather<b>(x)).
 """
@@ -126,6 +129,13 @@ def _all_to_all(arrays: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     return [np.concatenate([blocks[r][j] for r in range(k)], axis=attrs["src_dim"]) for j in range(k)]
 
 
+def _collective_permute(arrays: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    # XLA's collective-permute with the pairs (i, i + shift): a chain, not a
+    # ring, so the members nobody sends to get zeros (a pipeline's first stage).
+    k, shift = len(arrays), attrs["shift"]
+    return [arrays[r - shift].copy() if 0 <= r - shift < k else np.zeros_like(arrays[r]) for r in range(k)]
+
+
 def _check_combiner(kind: str, x: TensorType, combiner: str) -> None:
     """The dtypes `reduce` accepts for the combiner: what a sharded reduction lowers to must type-check too."""
     require(x.dtype != "bool" or combiner != "sum", f"{kind}: cannot sum a bool tensor {x}")
@@ -161,6 +171,13 @@ def _all_to_all_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     return (_resized("all_to_all", grown, dst, k, grow=False),)
 
 
+def _collective_permute_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    group_size("collective_permute", attrs, mesh)
+    require(attrs["shift"] != 0, "collective_permute: shift must be nonzero (shift 0 would send every member "
+                                 "its own value)")
+    return types
+
+
 AXES = AttrSpec("axes", attr_axes)
 COMBINER = AttrSpec("combiner", attr_choice(*COMBINERS), "sum")
 DIM = AttrSpec("dim", attr_int)
@@ -186,4 +203,9 @@ register(OpDef(
     "all_to_all", "collective", 1, (AXES, AttrSpec("src_dim", attr_int), AttrSpec("dst_dim", attr_int)),
     _all_to_all_infer, _one_dim_factors, _move_cost,
     spmd_impl=_per_group(_all_to_all), doc="move the axes' sharding from src_dim to dst_dim",
+))
+register(OpDef(
+    "collective_permute", "collective", 1, (AXES, AttrSpec("shift", attr_int)), _collective_permute_infer,
+    elementwise_factors, _move_cost, spmd_impl=_per_group(_collective_permute),
+    doc="member r gets member r - shift's value along the axes (zeros where there is none)",
 ))

@@ -1,6 +1,10 @@
 """`shardplan check`: assert each spec's named schedules still produce the
 collectives (and the memory fit) their `expect:` blocks say, as PartIR's
 Table 2 does for its strategies. Meant for CI: one table, one exit status.
+A count may be a formula of the layers L, the pipeline stages P and the
+microbatches K (`solver.planning.expect`); a pipelined plan's counts are its
+step's (`planner.planned_counts`): each stage's collectives, K times for the
+per-microbatch tasks, and the transfers between stages as collective_permute.
 
 A spec's program is built and analyzed once; each schedule is then planned,
 lowered and costed on it (`planner.prepare`, `planner.plan_spec`).
@@ -10,12 +14,14 @@ from __future__ import annotations
 
 import pathlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ir.core import IRError
-from solver.planning.planner import collective_counts, format_seconds, plan_spec, prepare
-from solver.planning.spec import COLLECTIVE_KINDS, Expectation, load_spec
+from ir.remat import layer_segments
+from solver.planning.expect import COLLECTIVE_KINDS, Expectation
+from solver.planning.planner import Planned, format_seconds, plan_spec, planned_counts, prepare
+from solver.planning.spec import load_spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +44,19 @@ class ScheduleCheck:
     peak_memory_bytes: int | None
     seconds: float
     error: str | None = None
+    names: dict[str, int] = field(default_factory=dict)  # what count formulas read: L, P, K
+
+    @property
+    def expected_counts(self) -> dict[str, int]:
+        """The expected counts, formulas evaluated (`error` says when one cannot be)."""
+        return self.expected.counts(self.names)  # type: ignore[return-value]
 
     @property
     def mismatches(self) -> list[Mismatch]:
         if self.error is not None:
             return []
         out = [Mismatch(kind, want, self.counts[kind])
-               for kind, want in self.expected.counts().items() if self.counts[kind] != want]
+               for kind, want in self.expected_counts.items() if self.counts[kind] != want]
         if self.expected.fits is not None and self.fits != self.expected.fits:
             out.append(Mismatch("fits", self.expected.fits, self.fits))
         return out
@@ -110,8 +122,26 @@ def _check_schedule(spec, prepared, name: str, expect: Expectation) -> ScheduleC
     except IRError as err:
         return ScheduleCheck(name, expect, {}, None, None, None, time.perf_counter() - start, str(err))
     cost = planned.assessment.cost
-    return ScheduleCheck(name, expect, collective_counts(planned.lowered), cost.fits, cost.step_time_s,
-                         cost.peak_memory_bytes, time.perf_counter() - start)
+    names = formula_names(planned)
+    try:
+        expect.counts(names)
+    except ValueError as err:
+        return ScheduleCheck(name, expect, {}, None, None, None, time.perf_counter() - start,
+                             f"{spec.source}: schedules.{name}.expect: {err}")
+    return ScheduleCheck(name, expect, planned_counts(planned), cost.fits, cost.step_time_s,
+                         cost.peak_memory_bytes, time.perf_counter() - start, names=names)
+
+
+def formula_names(planned: Planned) -> dict[str, int]:
+    """The values count formulas use (`solver.planning.expect`): the pipeline's
+    stages and microbatches, and the layers when the program has any."""
+    names = {"P": planned.spec.stages, "K": planned.spec.microbatches}
+    fn = planned.model.function
+    forward_ops = planned.model.forward_ops or len(fn.ops)
+    layers = layer_segments(fn, forward_ops)
+    if layers:
+        names["L"] = len(layers)
+    return names
 
 
 def _message(err: Exception) -> str:
@@ -148,7 +178,7 @@ def _spec_json(r: SpecCheck) -> dict[str, Any]:
             "schedule": s.schedule,
             "passed": s.passed,
             "error": s.error,
-            "expected": {**s.expected.counts(), "fits": s.expected.fits},
+            "expected": {**(s.expected_counts if s.error is None else s.expected.counts()), "fits": s.expected.fits},
             "got": {**s.counts, "fits": s.fits} if s.error is None else None,
             "mismatches": [{"field": m.field, "expected": m.expected, "got": m.got} for m in s.mismatches],
             "step_time_s": s.step_time_s,
@@ -161,7 +191,7 @@ def _spec_json(r: SpecCheck) -> dict[str, Any]:
 def _kinds_shown(results: list[SpecCheck]) -> list[str]:
     """The collective kinds expected or produced anywhere (the table's columns)."""
     used = {k for r in results for s in r.schedules for k in COLLECTIVE_KINDS
-            if s.expected.counts()[k] or s.counts.get(k)}
+            if s.expected.counts()[k] != 0 or s.counts.get(k)}
     return [k for k in COLLECTIVE_KINDS if k in used]
 
 
@@ -174,8 +204,9 @@ def _cell(s: ScheduleCheck, field: str) -> str:
         if want is None or want == s.fits:
             return got
         return f"{got} (expected {'yes' if want else 'no'})"
-    got, want = s.counts[field], s.expected.counts()[field]
-    return str(got) if got == want else f"{got} (expected {want})"
+    got, want, written = s.counts[field], s.expected_counts[field], s.expected.counts()[field]
+    formula = f" = {written}" if isinstance(written, str) else ""
+    return str(got) if got == want else f"{got} (expected {want}{formula})"
 
 
 def format_check(results: list[SpecCheck], seconds: float) -> str:

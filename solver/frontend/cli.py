@@ -138,12 +138,15 @@ def _progress(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from costmodel.pipeline import schedule_trace
     from costmodel.simulate import chrome_trace
     from ir.lower import LowerOptions
     from solver.planning import meshes
     from solver.planning.planner import SearchOverrides, format_plan, plan_report, simulate_planned
     from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text
 
+    if args.grid:
+        return _grid(args)
     search = None
     if is_mesh_search(parse_yaml(read_spec_text(args.spec), args.spec)):
         if args.schedule is not None:
@@ -155,10 +158,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         planned = search.best
     else:
         planned = _planned(args)
-    timeline = simulate_planned(planned)
+    # A pipelined step's timeline is its schedule of stage tasks (costmodel.pipeline).
+    timeline = simulate_planned(planned) if planned.pipeline is None else None
     if args.trace:
+        trace = chrome_trace(timeline) if timeline else schedule_trace(planned.pipeline_cost.schedule)
         with open(args.trace, "w", encoding="utf-8") as f:
-            json.dump(chrome_trace(timeline), f)
+            json.dump(trace, f)
     report = plan_report(planned, args.solver, timeline)
     if search is not None:
         report["mesh_search"] = meshes.mesh_search_json(search)
@@ -170,10 +175,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grid(args: argparse.Namespace) -> int:
+    from ir.lower import LowerOptions
+    from solver.planning.grid import format_grid, grid_json, plan_grid
+    from solver.planning.planner import SearchOverrides
+    from solver.planning.spec import SpecError
+
+    if args.schedule is not None or args.trace:
+        raise SpecError(f"{args.spec}: --grid prices every mesh and microbatch count; it takes no --schedule "
+                        "or --trace (plan one configuration for those)")
+    start = time.perf_counter()
+    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
+    rows = plan_grid(args.spec, args.solver, args.stages, args.microbatches,
+                     LowerOptions(reuse_resharded=args.reuse_resharded), overrides, _progress(args))
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(grid_json(rows, args.spec, args.solver, seconds), indent=2))
+    else:
+        print(format_grid(rows, args.spec, seconds), end="")
+    return 0
+
+
 def cmd_lower(args: argparse.Namespace) -> int:
+    from ir.pipeline import pipeline_text
     from ir.text import print_function
 
-    _emit(print_function(_planned(args).lowered.function), args.output)
+    planned = _planned(args)
+    text = print_function(planned.lowered.function) if planned.pipeline is None else pipeline_text(planned.pipeline)
+    _emit(text, args.output)
     return 0
 
 
@@ -187,10 +216,16 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ir.pipeline import PIPELINE
     from solver.frontend.export import export_json, export_python
     from solver.planning.planner import plan_report
+    from solver.planning.spec import SpecError
 
     planned = _planned(args)
+    if planned.pipeline is not None:
+        raise SpecError(f"{args.spec}: export hands jax.jit one SPMD program, and a pipelined plan is one program "
+                        f"per stage (MPMD): export the stages' own axes (the mesh without {PIPELINE!r}), or see "
+                        "them with shardplan lower")
     report = plan_report(planned, args.solver)
     cost = report["cost"]
     if not cost["fits"]:  # still a plan, but the user should know before handing it to jax.jit
@@ -348,6 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--trace", metavar="FILE",
                            help="write the simulated schedule as a Chrome trace (open in ui.perfetto.dev; "
                            "docs/trace.md)")
+            p.add_argument("--grid", action="store_true",
+                           help="a mesh search's DistIR grid: every data x tensor x pipeline split and microbatch "
+                           "count, sorted by step time (docs/specs.md)")
+            p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
+                           help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
+            p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",
+                           help="--grid: the microbatch counts, e.g. 1-32 (default) or 1,2,4,8")
         else:
             p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE")
         p.set_defaults(func=func)
@@ -470,6 +512,19 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """`1,2,4` or `1-32` (or both: `1,4-8`): positive integers, in order."""
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        first = _positive_int(low.strip())
+        last = _positive_int(high.strip()) if high else first
+        if last < first:
+            raise argparse.ArgumentTypeError(f"empty range {part!r}")
+        out += [n for n in range(first, last + 1) if n not in out]
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

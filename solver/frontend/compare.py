@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ir.core import IRError
+from solver.planning.expect import COLLECTIVE_KINDS
 from solver.planning.planner import SearchOverrides, plan_report, plan_spec, prepare
-from solver.planning.spec import COLLECTIVE_KINDS, Spec
+from solver.planning.spec import Spec
 from solver.search.report import SILENT, Progress
 
 BACKENDS = ("cpsat", "mcts")

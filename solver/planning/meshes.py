@@ -4,6 +4,7 @@
     mesh: auto                   # batch x model, every split of the devices
     mesh: {batch: auto, model: auto}
     mesh: {data: auto, seq: 2, model: auto}   # some axes fixed
+    mesh: {pipeline: auto, batch: auto, model: auto}   # pipeline stages too
     mesh_candidates: [{batch: 8, model: 8}, {batch: 16, model: 4}]   # a list
 
 Every ordered factorization of the devices into the auto axes (after the
@@ -33,6 +34,7 @@ from typing import Any
 from costmodel.hardware import PRESETS, topology_links
 from ir.core import Mesh
 from ir.lower import LowerOptions
+from ir.pipeline import PIPELINE
 from solver.plan import Plan
 from solver.planning.planner import Planned, Prepared, SearchOverrides, plan_spec, prepare
 from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
@@ -140,6 +142,8 @@ def concrete_data(data: dict[str, Any], mesh: tuple[tuple[str, int], ...]) -> di
     out = copy.deepcopy({k: v for k, v in data.items() if k not in ("schedule", "schedules", "mesh_candidates")})
     out["mesh"] = dict(mesh)
     axes = {a for a, _ in mesh}
+    if PIPELINE not in axes:  # the candidate runs without stages: its `pipeline:` settings have nothing to set
+        out.pop("pipeline", None)
     hardware = out.get("hardware")
     if isinstance(hardware, str):
         hardware = {"preset": hardware}
@@ -176,7 +180,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         # A search over every axis does not read axis names, so meshes with the same sizes on the same
         # links are one problem (batch=16 and model=16): the first is planned. An imported program's
         # own sharding constraints name axes, so there every mesh is its own.
-        same = tuple(sorted((n, repr(hardware.links[a])) for a, n in mesh))
+        same = tuple(sorted((n, repr(hardware.links[a]), a == PIPELINE) for a, n in mesh))
         if "stablehlo" not in (data.get("model") or {}):
             if same in seen:
                 continue
@@ -186,7 +190,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         prepared = prepared or prepare(spec)
         try:
             planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
-                                hint=_seed(tried, prepared, spec.mesh_obj()))
+                                hint=_seed(tried, prepared, spec.sharding_mesh()))
             message = planned.search[-1].message if planned.search else ""
         except NoPlanFits as exc:
             planned, message = None, str(exc)

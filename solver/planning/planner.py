@@ -15,15 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.pipeline import PipelineCost
 from costmodel.simulate import Timeline, simulate
 from ir import ops
 from ir.core import IRError
 from ir.lower import Lowered, LowerOptions, lower
 from ir.models.base import Model
 from ir.nda import NDA, analyze
+from ir.pipeline import Pipeline
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
-from solver.planning.spec import COLLECTIVE_KINDS, Spec, SpecError
+from solver.planning.expect import COLLECTIVE_KINDS
+from solver.planning.pipelining import as_cost, pipeline_json, pipelined, search_hardware
+from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
 
@@ -45,6 +49,10 @@ class Planned:
     remat: tuple[str, ...] = ()  # the layers rematerialized (by the schedule, or chosen by the search)
     # The rematerializations the search compared: (layer globs, serial step time; None: no plan fits).
     remat_tried: tuple[tuple[tuple[str, ...], float | None], ...] = ()
+    # With a pipeline axis: the pipelined step (its stages' tasks) and its cost. `lowered` is then
+    # the whole batch's program on one stage's devices, `assessment.cost` the pipelined step's.
+    pipeline: Pipeline | None = None
+    pipeline_cost: PipelineCost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +185,8 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
     t0 = time.perf_counter()
-    mesh, hardware = spec.mesh_obj(), spec.hardware_obj()
-    search = _Search(model, nda, mesh, hardware, progress)
+    mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
+    search = _Search(model, nda, mesh, search_hardware(spec, hardware), progress)
     if hint_tactics:
         search.hint = apply_schedule(nda, mesh, hint_tactics)
     elif hint is not None:
@@ -190,14 +198,15 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     lowered = lower(model.function, nda, sharding, options or LowerOptions())
     seconds["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    pipeline, pipeline_cost = pipelined(spec, model, nda, plan, hardware, options) if spec.stages > 1 else (None, None)
     assessment = Assessment(
-        cost=evaluate(lowered.function, hardware),
+        cost=evaluate(lowered.function, hardware) if pipeline is None else as_cost(pipeline, pipeline_cost),
         baseline=prepared.baseline,
-        ideal_step_time_s=ideal_step_time_s(model.function, sharding.mesh.num_devices, hardware),
+        ideal_step_time_s=ideal_step_time_s(model.function, spec.mesh_obj().num_devices, hardware),
     )
     seconds["cost"] = time.perf_counter() - t0
     return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports),
-                   spec.schedule_name(schedule), remat)
+                   spec.schedule_name(schedule), remat, pipeline=pipeline, pipeline_cost=pipeline_cost)
 
 
 def _schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
@@ -220,7 +229,8 @@ def _spec_schedule(spec: Spec, name: str | None, solver: str, overrides: SearchO
         return [overrides.apply(t, t.solver) if isinstance(t, Auto) else t for t in tactics], []
     if autos:
         return [overrides.apply(t, solver) if isinstance(t, Auto) else t for t in tactics], []
-    return [overrides.apply(Auto(tuple(spec.mesh)), solver)], tactics
+    axes = spec.sharding_mesh().names  # not the pipeline axis: stages split the layers
+    return ([overrides.apply(Auto(axes), solver)] if axes else []), tactics
 
 
 class _Search:
@@ -264,6 +274,16 @@ def collective_counts(lowered: Lowered) -> dict[str, int]:
     return {kind: counts.get(kind, 0) for kind in COLLECTIVE_KINDS}
 
 
+def planned_counts(planned: Planned) -> dict[str, int]:
+    """The collectives of the plan's step: its device-local program's, or,
+    pipelined, every stage's per step (per-microbatch tasks K times) and the
+    transfers between stages."""
+    if planned.pipeline is None:
+        return collective_counts(planned.lowered)
+    counts = planned.pipeline.collective_counts()
+    return {kind: counts.get(kind, 0) for kind in COLLECTIVE_KINDS}
+
+
 def simulate_planned(planned: Planned) -> Timeline:
     """The plan's device-local program on the two-stream simulator."""
     return simulate(planned.lowered.function, planned.spec.hardware_obj())
@@ -273,7 +293,8 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
     """The `shardplan plan --json` object (schema in docs/json.md); `timeline`:
     the simulated schedule if already made."""
     fn, mesh = planned.model.function, planned.sharding.mesh
-    timeline = timeline or simulate_planned(planned)
+    if planned.pipeline is None:
+        timeline = timeline or simulate_planned(planned)
 
     def tensor(name: str, ty, dims) -> dict[str, Any]:
         return {"name": name, "type": str(ty), "sharding": [list(a) for a in dims],
@@ -287,16 +308,18 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "remat": list(planned.remat),
         "remat_search": [{"remat": list(choice), "step_time_s": seconds} for choice, seconds in planned.remat_tried],
         "mesh_search": [],  # `shardplan plan` fills it for a mesh search (solver.planning.meshes)
-        "mesh": dict(mesh.axes),
+        "mesh": dict(planned.spec.mesh_obj().axes),
         "plan": planned.plan.to_json(planned.nda),
-        "collectives": collective_counts(planned.lowered),
+        "collectives": planned_counts(planned),
         "cost": cost_report(planned.assessment, planned.spec.hardware_name),
-        "simulated": {"makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,
-                      "peak_memory_bytes": timeline.peak_memory_bytes, "prefetch_kernels": timeline.prefetch,
-                      "efficiency": planned.assessment.ideal_step_time_s / timeline.makespan_s
-                      if timeline.makespan_s else 1.0},
-        "local_program": {"ops": len(planned.lowered.function.ops), "kernels": planned.assessment.cost.kernels,
-                          "fused_ops": planned.assessment.cost.fused_ops},
+        "simulated": None if planned.pipeline is not None else {
+            "makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,
+            "peak_memory_bytes": timeline.peak_memory_bytes, "prefetch_kernels": timeline.prefetch,
+            "efficiency": planned.assessment.ideal_step_time_s / timeline.makespan_s if timeline.makespan_s else 1.0},
+        "pipeline": pipeline_json(planned.pipeline, planned.pipeline_cost) if planned.pipeline is not None else None,
+        "local_program": {"ops": len(planned.lowered.function.ops) if planned.pipeline is None else
+                          sum(len(t.function.ops) for t in planned.pipeline.tasks),
+                          "kernels": planned.assessment.cost.kernels, "fused_ops": planned.assessment.cost.fused_ops},
         "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
         "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
         "search": [r.to_json() for r in planned.search],
@@ -329,7 +352,22 @@ def format_simulated(sim: dict[str, Any]) -> list[str]:
     """The overlap line of the human-readable plan report."""
     return [f"  with overlap     {format_seconds(sim['makespan_s'])}, efficiency {sim['efficiency']:.1%} "
             f"(two-stream simulation: {format_seconds(sim['exposed_communication_s'])} of communication exposed, "
-            f"peak memory {_bytes(sim['peak_memory_bytes'])}; --trace FILE shows it)"]
+            f"peak memory {format_bytes(sim['peak_memory_bytes'])}; --trace FILE shows it)"]
+
+
+def format_pipeline(report: dict[str, Any]) -> list[str]:
+    """The pipeline section of the human-readable plan report."""
+    per_k = sum(1 for t in report["transfers"] if t["per_microbatch"])
+    lines = [f"pipeline: {report['stages']} stages x {report['microbatches']} microbatches, {report['schedule']}; "
+             f"bubble {report['bubble_fraction']:.1%} of the step idle, "
+             f"{per_k} transfers per microbatch ({format_seconds(report['transfer_s'])} a step)"]
+    for st in report["per_stage"]:
+        layers = st["layers"]
+        span = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}" if layers else "-"
+        lines.append(f"  stage {st['stage']}: {span:<14} forward {format_seconds(st['forward_s'])}, backward "
+                     f"{format_seconds(st['backward_s'])} a microbatch; peak {format_bytes(st['peak_memory_bytes'])} "
+                     f"({st['in_flight']} x {format_bytes(st['stash_bytes'])} of activations in flight)")
+    return lines
 
 
 def format_seconds(s: float) -> str:
@@ -339,7 +377,7 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e9:.3g} ns" if s else "0 s"
 
 
-def _bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
@@ -356,7 +394,8 @@ def format_cost(cost: dict[str, Any]) -> list[str]:
         f" (unpartitioned on one device: {format_seconds(cost['unpartitioned_step_time_s'])})",
         f"  compute          {format_seconds(cost['compute_s'])}",
         f"  communication    {format_seconds(cost['communication_s'])}: {comm}",
-        f"  peak memory      {_bytes(cost['peak_memory_bytes'])} of {_bytes(cost['capacity_bytes'])}: {fits}",
+        f"  peak memory      {format_bytes(cost['peak_memory_bytes'])} of "
+        f"{format_bytes(cost['capacity_bytes'])}: {fits}",
         f"  ideal step time  {format_seconds(cost['ideal_step_time_s'])}, efficiency {cost['efficiency']:.1%}",
         f"  relative cost    {cost['relative_cost']:.4g} (TOAST: step time relative to unpartitioned,"
         " plus the memory penalty)",
@@ -432,7 +471,9 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
         lines.append(format_search(r))
     if report["search"]:
         lines.append("")
-    lines += format_cost(report["cost"]) + format_simulated(report["simulated"]) + ["", "decisions:"]
+    lines += format_cost(report["cost"])
+    lines += format_simulated(report["simulated"]) if report["simulated"] else format_pipeline(report["pipeline"])
+    lines += ["", "decisions:"]
     decisions = _grouped(report["plan"]["decisions"])
     lines += [f"  {axis:>8}: {what}" for axis, what in decisions[:shown]] or ["  none"]
     if len(decisions) > shown:

@@ -74,8 +74,10 @@ from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
+from ir.pipeline import PIPELINE
 from ir.remat import layer_segments, rematerialize, select_layers
 from ir.stablehlo import import_module
+from solver.planning.expect import Expectation
 from solver.planning.spec_yaml import SpecError, parse_yaml, read_spec_text, validation_message
 from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, Tactic
 
@@ -229,25 +231,12 @@ class TacticSpec(_Strict):
         return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations, a.rerank)
 
 
-# The collective kinds an expectation counts, as the lowering emits them.
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice")
-_Count = Annotated[int, Field(strict=True, ge=0)]
+class PipelineSpec(_Strict):
+    """`pipeline:` how the `pipeline` mesh axis (its size: the stages) runs:
+    the microbatches one step's batch is split into, and the schedule."""
 
-
-class Expectation(_Strict):
-    """`expect:` what a schedule must produce: the device-local program's
-    collective counts per kind (a kind not listed is expected to be absent)
-    and, if given, whether the plan fits the devices' memory."""
-
-    all_reduce: _Count = 0
-    all_gather: _Count = 0
-    reduce_scatter: _Count = 0
-    all_to_all: _Count = 0
-    all_slice: _Count = 0
-    fits: bool | None = None
-
-    def counts(self) -> dict[str, int]:
-        return {kind: getattr(self, kind) for kind in COLLECTIVE_KINDS}
+    microbatches: Annotated[int, Field(strict=True, gt=0)] | None = None  # default: 4 per stage
+    schedule: Literal["gpipe", "1f1b"] | None = None  # default: GPipe, or 1F1B where GPipe does not fit
 
 
 class ScheduleSpec(_Strict):
@@ -353,6 +342,7 @@ class Spec(_Strict):
     hardware: str | HardwareSpec
     schedule: list[TacticSpec] = Field(default_factory=list)
     schedules: dict[str, ScheduleSpec] = Field(default_factory=dict)
+    pipeline: PipelineSpec | None = None
     # The file the spec came from, for the messages of errors found in build().
     _source: str = PrivateAttr("<spec>")
 
@@ -401,6 +391,9 @@ class Spec(_Strict):
                     for name, s in self.schedules.items() for i, e in enumerate(s.tactics)]
         for where, entry in entries:
             for axis in entry.axes():
+                if axis == PIPELINE and axis in self.mesh:
+                    raise ValueError(f"{where}: the {PIPELINE} axis splits the layers into stages; tactics shard "
+                                     f"each stage over the other axes ({', '.join(self.sharding_mesh().names)})")
                 if axis not in self.mesh:
                     raise ValueError(f"{where}: unknown mesh axis {axis!r}; mesh axes: {', '.join(self.mesh)}")
         return self
@@ -435,6 +428,38 @@ class Spec(_Strict):
             raise ValueError(f"hardware.links: no link for mesh axis {', '.join(missing)}; an inline device needs "
                              f"one per mesh axis, e.g. {{{missing[0]}: {{bandwidth: 25GB/s, latency: 5us}}}}")
         return self
+
+    @model_validator(mode="after")
+    def _pipeline_axis(self) -> Spec:
+        if self.pipeline is not None and PIPELINE not in self.mesh:
+            raise ValueError(f"pipeline: needs a {PIPELINE!r} mesh axis, its size the number of stages, "
+                             f"e.g. mesh: {{{PIPELINE}: 4, {', '.join(f'{a}: {n}' for a, n in self.mesh.items())}}}")
+        if PIPELINE in self.mesh and self.model.step == "forward":
+            raise ValueError(f"mesh.{PIPELINE}: pipeline stages split a training step's forward and backward; "
+                             "it needs model.step: train")
+        return self
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: the `pipeline` axis's size (1 without one)."""
+        return self.mesh.get(PIPELINE, 1)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per step: `pipeline.microbatches`, else 4 per stage (1 without a pipeline)."""
+        if self.stages == 1:
+            return 1
+        chosen = self.pipeline.microbatches if self.pipeline is not None else None
+        return chosen if chosen is not None else 4 * self.stages
+
+    @property
+    def pipeline_schedule(self) -> str | None:
+        """`pipeline.schedule`; None: the planner's choice (GPipe, or 1F1B where GPipe does not fit)."""
+        return self.pipeline.schedule if self.pipeline is not None else None
+
+    def sharding_mesh(self) -> Mesh:
+        """The axes plans shard over: the mesh without its pipeline axis (each stage's devices)."""
+        return Mesh.from_pairs((a, n) for a, n in self.mesh.items() if a != PIPELINE)
 
     @property
     def hardware_name(self) -> str:

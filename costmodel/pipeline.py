@@ -1,0 +1,269 @@
+"""The cost of a pipelined step (`ir.pipeline.Pipeline`): its schedule
+simulated with each task's time, the transfers, and each stage's memory.
+
+Time. Every task is priced by `evaluate` (fused kernels, one device of the
+stage). The schedule is simulated stage by stage in its own order
+(`ir.pipeline.stage_sequences`): a forward of microbatch k starts when its
+stage is free and the previous stage's forward of k has finished and its
+transfers have arrived; a backward likewise waits for the next stage's
+backward. A transfer costs one collective_permute over the pipeline axis
+(`costmodel.evaluate.collective_s`). With equal stages and free transfers
+the idle share of every device is GPipe's bubble, (P - 1) / (K + P - 1),
+for both schedules; 1F1B changes memory, not time.
+
+Memory, per stage, on one device:
+
+    resident     the step inputs its tasks read (weights, optimizer state,
+                 the whole local batch)
+    accumulated  the sums over microbatches (the gradients), held from the
+                 first backward to the update
+    stash        per microbatch in flight: what its forward makes or
+                 receives that its backward reads; GPipe holds K
+                 microbatches at once, 1F1B at most P - s
+    transient    the most one forward or backward holds beyond those
+    update       the most the post (the optimizer update) holds beyond the
+                 inputs, the sums freed as it reads them
+
+and the stage's peak is resident + the larger of accumulated + in-flight x
+stash + transient (the microbatches) and update (the end of the step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.evaluate import COMMUNICATION, Cost, collective_s, evaluate
+from costmodel.hardware import Hardware
+from ir.core import Function, TensorType
+from ir.pipeline import PIPELINE, Pipeline, Transfer
+from ir.pipeline_run import stage_sequences
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTimes:
+    """A simulated schedule: when it ends and how busy each stage was."""
+
+    makespan_s: float
+    busy_s: tuple[float, ...]  # per stage: the time its tasks run
+    in_flight: tuple[int, ...]  # per stage: the most microbatches between forward and backward
+    runs: tuple[tuple[int, str, int, float, float], ...] = ()  # (stage, phase, microbatch, start s, end s)
+
+    @property
+    def idle_fraction(self) -> float:
+        """The devices' idle share of the step: the bubble."""
+        if not self.makespan_s:
+            return 0.0
+        return 1 - sum(self.busy_s) / (len(self.busy_s) * self.makespan_s)
+
+
+def simulate_schedule(stages: int, microbatches: int, schedule: str, task_s: Mapping[tuple[int, str], float],
+                      arrive_s: Mapping[tuple[int, str], float] | None = None,
+                      start_s: Mapping[int, float] | None = None) -> ScheduleTimes:
+    """Simulate the schedule. `task_s[(stage, phase)]` is one task's time (a
+    missing task takes none); `arrive_s[(stage, phase)]` the time the
+    transfers a forward or backward of that stage waits for take;
+    `start_s[stage]` when the stage can start (values sent to it once)."""
+    arrive_s = arrive_s or {}
+    seqs = stage_sequences(stages, microbatches, schedule)
+    finish: dict[tuple[int, str, int], float] = {}
+    runs = []
+    free = [(start_s or {}).get(s, 0.0) for s in range(stages)]
+    at = [0] * stages
+    while any(at[s] < len(seqs[s]) for s in range(stages)):
+        moved = False
+        for s in range(stages):
+            if at[s] == len(seqs[s]):
+                continue
+            phase, k = seqs[s][at[s]]
+            before = _dependency(stages, s, phase, k)
+            if before is not None and before not in finish:
+                continue
+            ready = finish[before] + arrive_s.get((s, phase), 0.0) if before is not None else 0.0
+            start = max(free[s], ready)
+            free[s] = finish[(s, phase, k)] = start + task_s.get((s, phase), 0.0)
+            runs.append((s, phase, k, start, free[s]))
+            at[s] += 1
+            moved = True
+        if not moved:
+            raise AssertionError(f"the {schedule} schedule deadlocks")
+    busy = tuple(sum(task_s.get((s, phase), 0.0) for phase, _ in seqs[s]) for s in range(stages))
+    return ScheduleTimes(max(free), busy, tuple(_in_flight(seq) for seq in seqs), tuple(runs))
+
+
+def schedule_trace(times: ScheduleTimes) -> dict[str, Any]:
+    """The simulated schedule as a Chrome trace (docs/trace.md): one track
+    per stage, one slice per task run, times in microseconds."""
+    stages = len(times.busy_s)
+    events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 1,
+                                     "args": {"name": "pipeline stages"}}]
+    for s in range(stages):
+        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": s + 1, "args": {"name": f"stage {s}"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": s + 1, "args": {"sort_index": s}})
+    for s, phase, k, start, end in times.runs:
+        if end > start:
+            name = f"{phase} {k}" if phase in ("forward", "backward") else phase
+            events.append({"ph": "X", "name": name, "cat": phase, "pid": 1, "tid": s + 1,
+                           "ts": round(start * 1e9) / 1e3, "dur": (round(end * 1e9) - round(start * 1e9)) / 1e3})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _dependency(stages: int, s: int, phase: str, k: int) -> tuple[int, str, int] | None:
+    if phase == "forward" and s > 0:
+        return s - 1, "forward", k
+    if phase == "backward" and s < stages - 1:
+        return s + 1, "backward", k
+    return None
+
+
+def _in_flight(seq: list[tuple[str, int]]) -> int:
+    held = most = 0
+    for phase, _ in seq:
+        held += {"forward": 1, "backward": -1}.get(phase, 0)
+        most = max(most, held)
+    return most
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """One stage's memory on one device (module docstring)."""
+
+    resident_bytes: int  # the step inputs it reads
+    accumulated_bytes: int  # the sums over microbatches
+    stash_bytes: int  # per microbatch in flight
+    in_flight: int
+    transient_bytes: int  # the largest forward or backward beyond the above
+    update_bytes: int  # the post (the update) beyond the inputs, the sums freed as it reads them
+
+    @property
+    def peak_bytes(self) -> int:
+        microbatches = self.accumulated_bytes + self.in_flight * self.stash_bytes + self.transient_bytes
+        return self.resident_bytes + max(microbatches, self.update_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCost:
+    step_time_s: float
+    bubble_fraction: float  # the devices' idle share of the step
+    tasks: Mapping[tuple[int, str], Cost]  # each task's cost on one device, by (stage, phase)
+    task_s: Mapping[tuple[int, str], float]  # each task's time in the schedule, with the transfers it waits for
+    transfer_s: float  # all transfers of one step, summed
+    memory: tuple[StageMemory, ...]  # per stage
+    schedule: ScheduleTimes
+    capacity_bytes: float
+    collective_counts: Mapping[str, int]
+    seconds_by_kind: Mapping[str, float]  # every task run of the step and the transfers, summed over the stages
+
+    @property
+    def peak_memory_bytes(self) -> tuple[int, ...]:
+        """Per stage, on one device."""
+        return tuple(m.peak_bytes for m in self.memory)
+
+    @property
+    def fits(self) -> bool:
+        return max(self.peak_memory_bytes) <= self.capacity_bytes
+
+    def stage_totals(self, stage: int, microbatches: int) -> tuple[float, float, int]:
+        """(compute s, communication s, flops) one device of `stage` spends in a step."""
+        compute = communication = 0.0
+        flops = 0
+        for (s, phase), cost in self.tasks.items():
+            if s == stage:
+                runs = microbatches if phase in ("forward", "backward") else 1
+                compute, communication = compute + cost.compute_s * runs, communication + cost.communication_s * runs
+                flops += cost.flops * runs
+        return compute, communication, flops
+
+
+def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorType) -> float:
+    """One transfer: a collective_permute of the value over the pipeline axis."""
+    return collective_s("collective_permute", (PIPELINE,), value_type, value_type, pipeline.mesh, hardware)
+
+
+def pipeline_cost(pipeline: Pipeline, hardware: Hardware) -> PipelineCost:
+    """Step time, bubble and per-stage peak memory of a pipelined step."""
+    costs = {(t.stage, t.phase): evaluate(t.function, hardware) for t in pipeline.tasks}
+    task_s = {key: c.step_time_s for key, c in costs.items()}
+    arrive: dict[tuple[int, str], float] = {}
+    start: dict[int, float] = {}
+    total_transfer = 0.0
+    for t in pipeline.transfers:
+        seconds = transfer_time_s(pipeline, hardware, t.type)
+        total_transfer += seconds * (pipeline.microbatches if t.per_microbatch else 1)
+        # A forward or backward waits for its microbatch's values. A value sent
+        # once delays the receiver's post, or, read before it, its start.
+        if t.per_microbatch:
+            arrive[(t.dst, t.phase)] = arrive.get((t.dst, t.phase), 0.0) + seconds
+        elif _read_in_post(pipeline, t):
+            task_s[(t.dst, "post")] = task_s.get((t.dst, "post"), 0.0) + seconds
+        else:
+            start[t.dst] = start.get(t.dst, 0.0) + seconds
+    times = simulate_schedule(pipeline.stages, pipeline.microbatches, pipeline.schedule, task_s, arrive, start)
+    by_kind: dict[str, float] = {}
+    for (_, phase), c in costs.items():
+        runs = pipeline.microbatches if phase in ("forward", "backward") else 1
+        for kind, seconds in c.seconds_by_kind.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds * runs
+    by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
+    counts = {k: pipeline.collective_counts().get(k, 0) for k in COMMUNICATION}
+    memory = tuple(_stage_memory(pipeline, s, times.in_flight[s]) for s in range(pipeline.stages))
+    return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
+                        hardware.capacity_bytes, counts, by_kind)
+
+
+def _read_in_post(pipeline: Pipeline, t: Transfer) -> bool:
+    """Only the receiver's post reads the value."""
+    return all(task.phase == "post" for task in pipeline.tasks
+               if task.stage == t.dst and any(p.name == t.value for p in task.function.params))
+
+
+def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory:
+    """The stage's memory terms (module docstring)."""
+    tasks = [t for t in pipeline.tasks if t.stage == stage]
+    inputs = {p.name for p in pipeline.local.function.params}
+    resident = {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
+                for t in tasks for p in t.function.params if p.name in inputs}
+    totals = dict(pipeline.sums)
+    accumulated = {totals[r.name]: r.type.num_bytes for t in tasks for r in t.function.results if r.name in totals}
+    forward = next((t for t in tasks if t.phase == "forward"), None)
+    backward = next((t for t in tasks if t.phase == "backward"), None)
+    stash: dict[str, int] = {}
+    if forward is not None and backward is not None:
+        seen = {r.name for r in forward.function.results} | {p.name for p in forward.function.params}
+        stash = {p.name: p.type.num_bytes for p in backward.function.params
+                 if p.name in seen and p.name in pipeline.varying and p.name not in inputs}
+    # A microbatch's gradient goes into its sum as it is made: the sum is its memory.
+    kept = set(resident) | set(accumulated) | set(stash) | set(totals)
+    transient = max((live_peak_bytes(t.function, kept) for t in tasks if t.per_microbatch), default=0)
+    update = max((live_peak_bytes(t.function, set(resident)) for t in tasks if not t.per_microbatch), default=0)
+    return StageMemory(sum(resident.values()), sum(accumulated.values()), sum(stash.values()), in_flight,
+                       transient, update)
+
+
+def live_peak_bytes(fn: Function, held: set[str]) -> int:
+    """The most bytes a task holds at once beyond the values `held` (counted
+    elsewhere): its other parameters until their last use, what it makes
+    from its definition to its last use, its results until it ends."""
+    n = len(fn.ops)
+    last: dict[str, int] = {}
+    for i, op in enumerate(fn.ops):
+        for v in op.operands:
+            last[v.name] = i
+    for r in fn.results:
+        last[r.name] = n
+    delta = [0] * (n + 2)
+    for p in fn.params:
+        if p.name not in held:
+            delta[0] += p.type.num_bytes
+            delta[last.get(p.name, 0) + 1] -= p.type.num_bytes
+    for i, op in enumerate(fn.ops):
+        for r in op.results:
+            if r.name not in held:
+                delta[i] += r.type.num_bytes
+                delta[max(last.get(r.name, i), i) + 1] -= r.type.num_bytes
+    live = peak = 0
+    for i in range(n + 1):
+        live += delta[i]
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,110 @@
+"""A plan with a `pipeline` mesh axis: its stages, their tasks and the
+schedule's cost, as the planner and the reports use them.
+
+The plan itself shards one stage's devices (the mesh without its pipeline
+axis) and is the same for every stage: the stages of the programs here are
+runs of the same repeated layer. It is searched on the whole step, which
+does not know about stages; so the search sees the device's memory times
+the stages, the share of the step one stage holds (1/P of the layers, and
+under GPipe the activations of every microbatch of them). The pipelined
+step's real peak is then computed stage by stage (`costmodel.pipeline`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from costmodel.evaluate import Cost
+from costmodel.hardware import Hardware
+from costmodel.pipeline import PipelineCost, pipeline_cost
+from ir.lower import LowerOptions
+from ir.models.base import Model
+from ir.nda import NDA
+from ir.pipeline import Pipeline, PipelineError, pipeline_step
+from solver.plan import Plan
+from solver.planning.spec import Spec, SpecError
+
+
+def search_hardware(spec: Spec, hardware: Hardware) -> Hardware:
+    """The hardware the search of a pipelined spec's plan sees (module docstring)."""
+    if spec.stages == 1:
+        return hardware
+    device = hardware.device.model_copy(update={"memory": hardware.device.memory * spec.stages})
+    return hardware.model_copy(update={"device": device})
+
+
+def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+              options: LowerOptions | None = None, microbatches: int | None = None) -> tuple[Pipeline, PipelineCost]:
+    """The spec's pipelined step under `plan` (which shards each stage), with
+    `microbatches` (default: the spec's), and its cost."""
+    try:
+        pipeline = pipeline_step(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
+                                 microbatches=microbatches or spec.microbatches, schedule="gpipe",
+                                 resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options)
+    except PipelineError as exc:
+        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    return with_schedule(pipeline, hardware, spec.pipeline_schedule)
+
+
+def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None) -> tuple[Pipeline, PipelineCost]:
+    """The pipeline on `schedule`, priced; None: GPipe, or 1F1B where
+    GPipe's microbatches in flight do not fit (the same time, less memory)."""
+    chosen = dataclasses.replace(pipeline, schedule=schedule or "gpipe")
+    cost = pipeline_cost(chosen, hardware)
+    if schedule is None and not cost.fits:
+        chosen = dataclasses.replace(pipeline, schedule="1f1b")
+        cost = pipeline_cost(chosen, hardware)
+    return chosen, cost
+
+
+def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
+    """The pipelined step as a `Cost`, for every report that reads one: the
+    simulated schedule's step time, the largest stage's peak, and the
+    compute, communication (by kind) and flops of one device of the busiest
+    stage; the transfers are in the schedule's time, not in these. The
+    kernel counts are every task's, once."""
+    busiest = max(range(pipeline.stages), key=lambda s: sum(cost.stage_totals(s, pipeline.microbatches)[:2]))
+    compute, communication, flops = cost.stage_totals(busiest, pipeline.microbatches)
+    by_kind: dict[str, float] = {}
+    for (s, phase), task in cost.tasks.items():
+        if s == busiest:
+            runs = pipeline.microbatches if phase in ("forward", "backward") else 1
+            for kind, seconds in task.seconds_by_kind.items():
+                by_kind[kind] = by_kind.get(kind, 0.0) + seconds * runs
+    kernels = sum(c.kernels for c in cost.tasks.values())
+    fused = sum(c.fused_ops for c in cost.tasks.values())
+    return Cost(cost.step_time_s, compute, communication, max(cost.peak_memory_bytes), cost.capacity_bytes,
+                flops, by_kind, dict(cost.collective_counts), kernels, fused)
+
+
+def pipeline_json(pipeline: Pipeline, cost: PipelineCost) -> dict[str, Any]:
+    """The `pipeline` object of `shardplan plan --json` (docs/json.md)."""
+    stages = []
+    for s in range(pipeline.stages):
+        memory = cost.memory[s]
+        stages.append({
+            "stage": s,
+            "layers": list(pipeline.stage_layers[s]) if pipeline.stage_layers else [],
+            **{f"{phase}_s": cost.tasks[(s, phase)].step_time_s if (s, phase) in cost.tasks else 0.0
+               for phase in ("forward", "backward", "post")},
+            "ops": sum(len(t.function.ops) for t in pipeline.tasks if t.stage == s),
+            "peak_memory_bytes": memory.peak_bytes,
+            "resident_bytes": memory.resident_bytes,
+            "accumulated_bytes": memory.accumulated_bytes,
+            "stash_bytes": memory.stash_bytes,
+            "in_flight": memory.in_flight,
+            "transient_bytes": memory.transient_bytes,
+            "update_bytes": memory.update_bytes,
+        })
+    return {
+        "stages": pipeline.stages,
+        "microbatches": pipeline.microbatches,
+        "schedule": pipeline.schedule,
+        "step_time_s": cost.step_time_s,
+        "bubble_fraction": cost.bubble_fraction,
+        "transfer_s": cost.transfer_s,
+        "transfers": [{"value": t.value, "type": str(t.type), "from": t.src, "to": t.dst, "phase": t.phase,
+                       "per_microbatch": t.per_microbatch} for t in pipeline.transfers],
+        "per_stage": stages,
+    }
