@@ -92,9 +92,7 @@ def one_grid(path: Path, batch: int, solver: str) -> dict:
 def _config(row: dict | None) -> str:
     if row is None:
         return "none fits"
-    r = GridRow(tuple(row["mesh"].items()), row["data"], row["tensor"], row["stages"], row["microbatches"],
-                row["step_time_s"], row["peak_memory_bytes"], row["fits"], row["bubble_fraction"])
-    return f"{dtp(r)}, K {r.microbatches}"
+    return f"{dtp(GridRow.from_json(row))}, K {row['microbatches']}"
 
 
 def _time(row: dict | None) -> str:
@@ -155,17 +153,15 @@ def grids_page(results: dict[str, list[dict]]) -> str:
         for g in grids:
             out += [f"## {model} at batch {g['batch']:,}", "",
                     f"{g['configurations']} configurations, {g['fitting']} fit; {g['grid_s']:.1f} s.", "",
-                    "| D x T x P | K | mesh | step time | bubble | peak memory | fits |",
-                    "|---|---:|---|---:|---:|---:|---|"]
+                    "| D x T x P | K | schedule | mesh | step time | bubble | peak memory | fits |",
+                    "|---|---:|---|---|---:|---:|---:|---|"]
             for row in g["rows"][:SHOWN]:
-                r = GridRow(tuple(row["mesh"].items()), row["data"], row["tensor"], row["stages"],
-                            row["microbatches"], row["step_time_s"], row["peak_memory_bytes"], row["fits"],
-                            row["bubble_fraction"])
+                r = GridRow.from_json(row)
                 step = f"{r.step_time_s * 1e3:,.1f} ms" if r.step_time_s is not None else "no plan"
                 peak = f"{r.peak_memory_bytes / 2**30:,.2f} GiB" if r.peak_memory_bytes is not None else "-"
                 mesh = " x ".join(f"{a}={n}" for a, n in r.mesh)
-                out.append(f"| {dtp(r)} | {r.microbatches} | {mesh} | {step} | {r.bubble_fraction:.1%} | {peak} | "
-                           f"{'yes' if r.fits else 'no'} |")
+                out.append(f"| {dtp(r)} | {r.microbatches} | {r.schedule or '-'} | {mesh} | {step} | "
+                           f"{r.bubble_fraction:.1%} | {peak} | {'yes' if r.fits else 'no'} |")
             out.append("")
     return "\n".join(out)
 

@@ -6,6 +6,8 @@ transfers and memory follow the rules the modules state."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from ir.models.transformer import transformer
 from ir.nda import analyze
 from ir.pipeline import PIPELINE, PipelineError, bubble_fraction, pipeline_step, value_stages
 from ir.pipeline_run import run_order, run_pipeline, stage_sequences
+from ir.remat import rematerialize
 from ir.sharding import Decision
 
 SUB = Mesh.of(batch=2, model=2)
@@ -202,3 +205,14 @@ def test_live_peak_frees_parameters_after_their_last_use():
     # x + t (64 + 64) at the add; t + y + u (3 x 64) at the mul, y held elsewhere: t + u.
     assert live_peak_bytes(fn, set()) == 3 * 64
     assert live_peak_bytes(fn, {"y"}) == 2 * 64
+
+
+def test_rematerialized_layers_pipeline_and_stash_only_their_inputs():
+    # Remat copies (`<name>.remat`) go to their forward op's stage; the stash shrinks to each layer's input.
+    model = training_step(deep_mlp(layers=4, d_model=32, batch=256), optimizer=SGD())
+    remat = dataclasses.replace(model, function=rematerialize(model.function, model.forward_ops, [0, 1, 2, 3]))
+    hardware = preset_hardware("V100-32GB", [PIPELINE, "batch", "model"])
+    plain, recomputed = (_pipelined(m, "layers.0.w", 2, 4, "1f1b") for m in (model, remat))
+    _assert_same(remat, recomputed)
+    before, after = (pipeline_cost(p, hardware).memory for p in (plain, recomputed))
+    assert all(a.stash_bytes < b.stash_bytes for a, b in zip(after, before))

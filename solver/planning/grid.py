@@ -47,6 +47,12 @@ class GridRow:
     message: str = ""
     schedule: str = ""  # gpipe or 1f1b; empty without microbatches
 
+    @staticmethod
+    def from_json(row: dict[str, Any]) -> GridRow:
+        return GridRow(tuple(row["mesh"].items()), row["data"], row["tensor"], row["stages"], row["microbatches"],
+                       row["step_time_s"], row["peak_memory_bytes"], row["fits"], row["bubble_fraction"],
+                       row["message"], row["schedule"])
+
     def to_json(self) -> dict[str, Any]:
         return {"mesh": dict(self.mesh), "data": self.data, "tensor": self.tensor, "stages": self.stages,
                 "microbatches": self.microbatches,

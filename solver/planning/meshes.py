@@ -234,15 +234,17 @@ def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:
 def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     """The table `shardplan plan` prints before the best mesh's plan."""
     meshes = f"{len(rows)} mesh" + ("es" if len(rows) != 1 else "")
+    shapes = [mesh_shape(r["mesh"].items()) for r in rows]
+    links = [", ".join(r["links"].values()) for r in rows]
+    wide, wide_links = max([28, *map(len, shapes)]), max([28, *map(len, links)])
     lines = [f"mesh search: {meshes} of {devices} devices, each planned over all its axes", "",
-             f"  {'mesh':<28} {'links':<28} {'step time':>12} {'peak memory':>12} {'fits':>5} {'search':>8}"]
-    for r in rows:
-        shape = mesh_shape(r["mesh"].items())
-        links = ", ".join(r["links"].values())
+             f"  {'mesh':<{wide}} {'links':<{wide_links}} {'step time':>12} {'peak memory':>12} {'fits':>5} "
+             f"{'search':>8}"]
+    for r, shape, link in zip(rows, shapes, links):
         step = f"{r['step_time_s'] * 1e3:,.3f} ms" if r["step_time_s"] is not None else "no plan"
         peak = f"{r['peak_memory_bytes'] / 2**30:,.2f} GiB" if r["peak_memory_bytes"] is not None else "-"
         mark = "  <- best" if r["best"] else ""
-        lines.append(f"  {shape:<28} {links:<28} {step:>12} {peak:>12} {'yes' if r['fits'] else 'no':>5} "
+        lines.append(f"  {shape:<{wide}} {link:<{wide_links}} {step:>12} {peak:>12} {'yes' if r['fits'] else 'no':>5} "
                      f"{r['search_s']:>7.1f}s{mark}")
     return "\n".join(lines) + "\n\n"
 

@@ -469,6 +469,9 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     lines.append("")
     for r in report["search"]:
         lines.append(format_search(r))
+    if report["search"] and report["pipeline"]:
+        lines.append(f"  (searched on the whole step over one stage's devices, with {report['pipeline']['stages']}x "
+                     "their memory; the cost below is the pipelined step's)")
     if report["search"]:
         lines.append("")
     lines += format_cost(report["cost"])
