@@ -120,7 +120,7 @@ class Pipeline:
         counts: dict[str, int] = {}
         for task in self.tasks:
             for op in task.function.ops:
-                if ops.get(op.kind).is_collective and op.kind != "all_slice":
+                if ops.get(op.kind).is_collective:
                     counts[op.kind] = counts.get(op.kind, 0) + (self.microbatches if task.per_microbatch else 1)
         permutes = sum(self.microbatches if t.per_microbatch else 1 for t in self.transfers)
         if permutes:
@@ -171,11 +171,15 @@ def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
         raise PipelineError(f"the microbatch count must be at least 1, got {microbatches}")
     micro = microbatch_decision(nda, model.inputs)
     sharding = materialize(nda, microbatch_mesh(mesh, microbatches), [micro, *decisions], resolutions, replicated)
+    # The stages run the plan as it is, with `micro` in front of the batch: a batch that does not
+    # split K ways times the plan's own split would make the rules drop one or the other.
+    plan = materialize(nda, mesh, decisions, resolutions, replicated)
+    same = all(tuple(a for a in axes if a != MICRO) == kept for axes, kept in zip(sharding.axes, plan.axes))
     for name in model.inputs:
         p = fn.param(name)
-        if p.type.rank and MICRO not in sharding.def_dims(nda, p)[0]:
+        if p.type.rank and not (same and MICRO in sharding.def_dims(nda, p)[0]):
             raise PipelineError(f"the batch of %{name} ({p.type.shape[0]}) does not split into {microbatches} "
-                                "microbatches (times the devices the plan splits it over)")
+                                "microbatches times the devices the plan splits it over")
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
     pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule)
