@@ -223,3 +223,13 @@ def test_the_schedule_is_gpipe_unless_only_1f1b_fits():
     chosen, cost = with_schedule(pipeline, sized((gpipe + one_f) // 2), None)
     assert chosen.schedule == "1f1b" and cost.fits
     assert with_schedule(pipeline, sized(one_f - 1), None)[1].fits is False  # neither fits: 1F1B, reported
+
+
+def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule():
+    # The search prices the whole step; the pipeline's own step time picks among its best plans.
+    planned = plan_spec(load_spec(PIPELINED), "cpsat")
+    (report,) = planned.search
+    assert "the pipeline schedule re-ranked the 4 best plans" in report.message
+    scores = report.rerank_makespans_s
+    assert len(scores) == 4 and scores[report.rerank_winner] == min(scores)
+    assert planned.assessment.cost.step_time_s == pytest.approx(scores[report.rerank_winner])

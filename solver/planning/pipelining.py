@@ -13,6 +13,7 @@ step's real peak is then computed stage by stage (`costmodel.pipeline`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from costmodel.evaluate import Cost
@@ -45,6 +46,17 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
     return with_schedule(pipeline, hardware, spec.pipeline_schedule)
+
+
+def pipelined_step_s(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                     options: LowerOptions | None = None) -> float:
+    """The pipelined step time of `plan`; infinite when it does not fit or
+    cannot be pipelined (what re-ranks CP-SAT's best plans)."""
+    try:
+        _, cost = pipelined(spec, model, nda, plan, hardware, options)
+    except SpecError:
+        return math.inf
+    return cost.step_time_s if cost.fits else math.inf
 
 
 def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None) -> tuple[Pipeline, PipelineCost]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from ir.pipeline import Pipeline
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
-from solver.planning.pipelining import as_cost, pipeline_json, pipelined, search_hardware
+from solver.planning.pipelining import as_cost, pipeline_json, pipelined, pipelined_step_s, search_hardware
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -79,6 +80,8 @@ ALL_LAYERS = ("layers.*",)
 REMAT_CHOICES = (("layers.*[02468]",), ALL_LAYERS)
 # An MCTS plan whose peak reaches this fraction of the capacity was shaped by memory.
 MEMORY_BINDS = 0.8
+# CP-SAT's best plans of the whole step a pipelined spec's schedule re-ranks (the search does not see stages).
+PIPELINE_RERANK = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +190,8 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     t0 = time.perf_counter()
     mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
     search = _Search(model, nda, mesh, search_hardware(spec, hardware), progress)
+    if spec.stages > 1:
+        search.score = lambda plan, _: pipelined_step_s(spec, model, nda, plan, hardware, options)
     if hint_tactics:
         search.hint = apply_schedule(nda, mesh, hint_tactics)
     elif hint is not None:
@@ -240,6 +245,9 @@ class _Search:
         self.model, self.nda, self.mesh, self.hardware = model, nda, mesh, hardware
         self.progress = progress
         self.hint: Plan | None = None  # CP-SAT's hint; the MCTS starts from the earlier tactics' plan
+        # A pipelined spec's: the pipelined step time of a plan (inf if it does not fit), which re-ranks
+        # CP-SAT's best plans of the whole step (at least PIPELINE_RERANK of them).
+        self.score: Callable[[Plan, FactorSharding], float] | None = None
         self.reports: list[Any] = []
         self._table = None
 
@@ -260,6 +268,9 @@ class _Search:
                 if self.hint is not None:
                     hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
                 options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
+                if self.score is not None:
+                    options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
+                                                  score_name="the pipeline schedule")
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()
