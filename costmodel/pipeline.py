@@ -164,16 +164,27 @@ class PipelineCost:
     def fits(self) -> bool:
         return max(self.peak_memory_bytes) <= self.capacity_bytes
 
-    def stage_totals(self, stage: int, microbatches: int) -> tuple[float, float, int]:
-        """(compute s, communication s, flops) one device of `stage` spends in a step."""
-        compute = communication = 0.0
-        flops = 0
-        for (s, phase), cost in self.tasks.items():
-            if s == stage:
-                runs = microbatches if phase in ("forward", "backward") else 1
-                compute, communication = compute + cost.compute_s * runs, communication + cost.communication_s * runs
-                flops += cost.flops * runs
-        return compute, communication, flops
+    def stage_work(self, stage: int, microbatches: int) -> tuple[float, float, int, dict[str, float]]:
+        """What one device of `stage` spends in a step: compute s, communication s, flops, seconds by kind."""
+        return task_work(self.tasks, microbatches, stage)
+
+
+def task_work(tasks: Mapping[tuple[int, str], Cost], microbatches: int,
+              stage: int | None = None) -> tuple[float, float, int, dict[str, float]]:
+    """Compute s, communication s, flops and seconds by kind of the tasks of
+    `stage` (None: every stage's, summed) over a step: a forward or backward
+    runs once per microbatch, the update once."""
+    compute = communication = 0.0
+    flops = 0
+    by_kind: dict[str, float] = {}
+    for (s, phase), cost in tasks.items():
+        if stage is None or s == stage:
+            runs = microbatches if phase in ("forward", "backward") else 1
+            compute, communication = compute + cost.compute_s * runs, communication + cost.communication_s * runs
+            flops += cost.flops * runs
+            for kind, seconds in cost.seconds_by_kind.items():
+                by_kind[kind] = by_kind.get(kind, 0.0) + seconds * runs
+    return compute, communication, flops, by_kind
 
 
 def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorType) -> float:
@@ -200,11 +211,7 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware) -> PipelineCost:
         else:
             start[t.dst] = start.get(t.dst, 0.0) + seconds
     times = simulate_schedule(pipeline.stages, pipeline.microbatches, pipeline.schedule, task_s, arrive, start)
-    by_kind: dict[str, float] = {}
-    for (_, phase), c in costs.items():
-        runs = pipeline.microbatches if phase in ("forward", "backward") else 1
-        for kind, seconds in c.seconds_by_kind.items():
-            by_kind[kind] = by_kind.get(kind, 0.0) + seconds * runs
+    by_kind = task_work(costs, pipeline.microbatches)[3]
     by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
     counts = {k: pipeline.collective_counts().get(k, 0) for k in COMMUNICATION}
     memory = tuple(_stage_memory(pipeline, s, times.in_flight[s]) for s in range(pipeline.stages))

@@ -1,7 +1,7 @@
 """DistIR's grid: every data x tensor x pipeline split of the devices and
 every microbatch count, with its step time, peak memory and fit, sorted.
 
-    shardplan plan specs/deep_mlp_16384x64_auto.yaml --solver cpsat --grid [--stages 1,2,4] [--microbatches 1-32]
+    shardplan plan specs/mesh_search/deep_mlp_16384x64.yaml --solver cpsat --grid [--stages 1,2,4] [--microbatches 1-32]
 
 The spec is a mesh search (`solver.planning.meshes`); its axes are the
 tensor axes, and the grid adds a `pipeline` axis in front when the spec has
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.lower import LowerOptions
-from ir.pipeline import PIPELINE, PipelineError, pipeline_step
+from ir.pipeline import PIPELINE
 from solver.planning.meshes import AUTO, DEFAULT_AXES, candidate_meshes, concrete_data, mesh_shape
-from solver.planning.pipelining import with_schedule
+from solver.planning.pipelining import pipelined
 from solver.planning.planner import Planned, SearchOverrides, plan_spec, prepare
 from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -122,12 +122,9 @@ def _pipelined_rows(planned: Planned, mesh, stages: int, microbatches: tuple[int
             rows.append(GridRow(mesh, d, t, 1, 1, cost.step_time_s, cost.peak_memory_bytes, cost.fits, 0.0))
             continue
         try:
-            pipeline = pipeline_step(planned.model, planned.nda, spec.sharding_mesh(), plan.decisions, stages=stages,
-                                     microbatches=k, resolutions=dict(plan.resolutions), replicated=plan.replicated,
-                                     options=options)
-        except PipelineError:
-            continue  # K does not split the batch: not a configuration
-        pipeline, cost = with_schedule(pipeline, hardware, spec.pipeline_schedule)
+            pipeline, cost = pipelined(spec, planned.model, planned.nda, plan, hardware, options, microbatches=k)
+        except SpecError:
+            continue  # K does not split the batch (times the plan's split): not a configuration
         rows.append(GridRow(mesh, d, t, stages, k, cost.step_time_s, max(cost.peak_memory_bytes), cost.fits,
                             cost.bubble_fraction, schedule=pipeline.schedule))
     return rows

@@ -76,14 +76,8 @@ def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
     compute, communication (by kind) and flops of one device of the busiest
     stage; the transfers are in the schedule's time, not in these. The
     kernel counts are every task's, once."""
-    busiest = max(range(pipeline.stages), key=lambda s: sum(cost.stage_totals(s, pipeline.microbatches)[:2]))
-    compute, communication, flops = cost.stage_totals(busiest, pipeline.microbatches)
-    by_kind: dict[str, float] = {}
-    for (s, phase), task in cost.tasks.items():
-        if s == busiest:
-            runs = pipeline.microbatches if phase in ("forward", "backward") else 1
-            for kind, seconds in task.seconds_by_kind.items():
-                by_kind[kind] = by_kind.get(kind, 0.0) + seconds * runs
+    work = [cost.stage_work(s, pipeline.microbatches) for s in range(pipeline.stages)]
+    compute, communication, flops, by_kind = max(work, key=lambda w: w[0] + w[1])
     kernels = sum(c.kernels for c in cost.tasks.values())
     fused = sum(c.fused_ops for c in cost.tasks.values())
     return Cost(cost.step_time_s, compute, communication, max(cost.peak_memory_bytes), cost.capacity_bytes,
