@@ -72,7 +72,7 @@ def measure(path: Path, cpsat: bool) -> dict:
         row["cpsat_skipped"] = f"not run ({len(spec.mesh)}-axis mesh)"
     elif cpsat:
         try:
-            planned = plan_spec(spec, "cpsat", prepared=prepared)
+            planned = plan_spec(spec, "cpsat", prepared=prepared, floor=False)  # the search's own plan
             row["cpsat"] = figures(planned)
             # What the solver proved, next to the cost model's evaluation of the lowered plan.
             row["cpsat"]["objective_s"] = [r.objective_s for r in planned.search if r.solver == "cpsat"]

@@ -51,7 +51,8 @@ def measure(path: Path, k: int) -> dict:
     for rerank in (1, k):
         start = time.perf_counter()
         try:
-            planned[rerank] = plan_spec(spec, "cpsat", prepared=prepared, overrides=SearchOverrides(rerank=rerank))
+            planned[rerank] = plan_spec(spec, "cpsat", prepared=prepared, overrides=SearchOverrides(rerank=rerank),
+                                        floor=False)
         except NoPlanFits:
             row["skipped"] = "no plan fits"
             return row

@@ -236,6 +236,25 @@ class CostTable:
         peak = run.peak_memory_bytes()
         return make_cost(by_kind, peak, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops)
 
+    def partial_masks(self, codes: np.ndarray) -> dict[int, int]:
+        """Which values of the plan `codes` (with the sentinel) are partial sums:
+        value id -> the mesh axes pending (a bit mask, `mask_axes`)."""
+        return dict(self._walk(codes, communication=False).partial)
+
+    def first_step_bytes(self, codes: np.ndarray) -> dict[int, int]:
+        """Per use (edge) with collectives in front of it under the plan `codes`
+        (with the sentinel): the local bytes of the first one's result."""
+        run = self._walk(codes, communication=True)
+        return {c.edge: c.priced.result_bytes[0] for chains in run.chains.values() for c in chains}
+
+    def _walk(self, codes: np.ndarray, communication: bool) -> _Run:
+        value_bytes = self.global_bytes // np.prod(self.code_size[codes[self.def_ic]], axis=1)
+        run = _Run(self, codes, value_bytes)
+        run.partial_sums()
+        if communication:
+            run.communication(Counter())
+        return run
+
     # ------------------------------------------------------------ compute terms
 
     def _compute(self, codes: np.ndarray, by_kind: Counter[str]) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 from spmd_check import assert_lowering_matches
 from test_table import hardware_for
@@ -246,3 +247,75 @@ def test_cli_no_plan_fits(capsys, tmp_path):
     code, _, err = shardplan(capsys, "plan", str(spec), "--solver", "cpsat")
     assert code == 1 and err.count("\n") == 1
     assert "schedule.0.auto: no plan fits: 9.77 KiB per device on tiny; the smallest peak found is" in err
+
+
+def _all_priced(space, table):
+    """(point, cost) for every point of the space that lowers."""
+    out = []
+    for point in space.points():
+        try:
+            out.append((point, table.evaluate(space.plan(point).materialize(space.nda))))
+        except LoweringError:
+            continue
+    return out
+
+
+MEMORY_CASE = ("deep_mlp", dict(layers=4, d_model=64, batch=512), Mesh.of(x=4))
+
+
+def test_the_live_bytes_bound_never_exceeds_a_plans_peak():
+    """The memory cuts are valid: at every position, the lower bound of the
+    live bytes is at most the true peak, for every plan of the space."""
+    from solver.search.cpsat_memory import LiveBound
+    from solver.search.cpsat_terms import TermModel
+
+    name, kwargs, mesh = MEMORY_CASE
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
+    m = TermModel(space, table)
+    kinds = set()
+    for point, cost in _all_priced(space, table):
+        bound = LiveBound(m, np.append(space.codes(point), 0))
+        assert bound.max() <= cost.peak_memory_bytes
+        kinds |= {measure for _, _, _, measure, _ in bound.spans}
+        kinds |= {"before"} if bound.before_op.any() else set()
+    # The bound counts values that may be partial sums after their first reader, and a resharding
+    # between two ops somewhere in the space.
+    assert {"held_bytes", "before"} <= kinds
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.45, 0.7, 1.0])
+def test_memory_is_exact_at_every_capacity(fraction):
+    """Between the smallest and the largest peak of the space, CP-SAT (no
+    round cap) returns the brute-force optimum among the plans that fit, or
+    proves that none does."""
+    name, kwargs, mesh = MEMORY_CASE
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
+    priced = _all_priced(space, table)
+    low = min(c.peak_memory_bytes for _, c in priced)
+    high = max(c.peak_memory_bytes for _, c in priced)
+    capacity = int(low - 1 + fraction * (high - low + 1))
+    hardware = slow_hardware(mesh, memory=f"{capacity}B")
+    model, nda, table, space = setup(name, kwargs, mesh, hardware)
+    result = solve(space, table, CpSatOptions(time_limit_s=60))
+    fitting = [c.step_time_s for _, c in priced if c.peak_memory_bytes <= capacity]
+    if not fitting:
+        assert result.plan is None and result.report.status == "infeasible"
+        return
+    assert result.report.status == "optimal" and result.cost.fits
+    assert result.cost.step_time_s == pytest.approx(min(fitting), rel=1e-9)
+
+
+def test_a_hint_that_fits_is_an_incumbent_never_beaten_by_a_worse_answer():
+    name, kwargs, mesh = MEMORY_CASE
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
+    priced = sorted(_all_priced(space, table), key=lambda pc: pc[1].step_time_s)
+    best_point, best_cost = priced[0]
+    # Hinted with the optimum, the answer is the optimum and the report says the hint was not beaten.
+    hinted = solve(space, table, CpSatOptions(time_limit_s=60), hint=best_point)
+    assert hinted.cost.step_time_s == pytest.approx(best_cost.step_time_s, rel=1e-9)
+    assert hinted.report.status == "optimal" and "the hint: no searched plan was faster" in hinted.report.message
+    # Hinted with a worse plan, the search still finds the optimum.
+    worse_point = priced[len(priced) // 2][0]
+    improved = solve(space, table, CpSatOptions(time_limit_s=60), hint=worse_point)
+    assert improved.cost.step_time_s == pytest.approx(best_cost.step_time_s, rel=1e-9)
+    assert "the hint" not in improved.report.message

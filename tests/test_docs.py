@@ -151,7 +151,8 @@ def test_bench_scripts_find_their_markers_in_the_readme():
     (begin, end) = re.search(r'^BEGIN, END = "([^"]+)", "([^"]+)"', source, re.M).groups()
     pairs = [("iopddl.py", README, begin, end)]
     # The others write through bench/readme_table.py: write_table("NAME", table[, path]).
-    for script, page_text in (("compare.py", README), ("efficiency.py", README), ("distir_grid.py", README),
+    for script, page_text in (("compare.py", page("specs.md")), ("efficiency.py", README), ("distir_grid.py", README),
+                              ("auto_vs_expert.py", README),
                               ("distir_trend.py", page("specs.md")), ("rerank.py", page("specs.md"))):
         names = re.findall(r'write_table\("([^"]+)"', (ROOT / "bench" / script).read_text())
         assert names, script

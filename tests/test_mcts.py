@@ -217,3 +217,42 @@ def test_cli_compare_when_nothing_fits(capsys, tmp_path):
     assert "CP-SAT: no plan: schedule.0.auto: no plan fits" in out
     assert "MCTS: no plan: schedule.0.auto: no plan that fits was found" in out
     assert out.rstrip().endswith("neither backend found a plan")
+
+
+def _best_point(space, table):
+    """The fastest point of a small space that fits (brute force), and its step time."""
+    best = None
+    for point in space.points():
+        cost = table.evaluate(space.codes(point))
+        if cost.fits and (best is None or cost.step_time_s < best[1]):
+            best = (point, cost.step_time_s)
+    return best
+
+
+def test_an_incumbent_seeds_the_best_found():
+    name, kwargs, mesh, step = CASES[0]
+    model, nda, table, space = setup(name, kwargs, mesh, step=step)
+    options = MctsOptions(iterations=1)
+    one = solve(space, table, options)
+    point, best_s = _best_point(space, table)
+    assert best_s < one.report.objective_s * (1 - 1e-9)  # one trajectory alone does not find it
+    seeded = solve(space, table, options, incumbent=point)
+    assert seeded.cost.step_time_s == pytest.approx(best_s, rel=1e-12)
+    assert seeded.report.incumbent_s == pytest.approx(best_s, rel=1e-12)
+    assert "no searched plan beat the incumbent" in seeded.report.message
+    assert seeded.report.to_json()["incumbent_s"] == seeded.report.incumbent_s
+    # A worse incumbent is beaten, and the message does not claim otherwise.
+    worst = solve(space, table, MctsOptions(iterations=200), incumbent=Point(frozenset(), ()))
+    assert worst.report.incumbent_s > worst.cost.step_time_s
+    assert "incumbent" not in worst.report.message
+
+
+def test_without_an_incumbent_the_search_is_unchanged():
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=2), mesh, slow_hardware(mesh))
+    options = MctsOptions(iterations=100, seed=3)
+    plain, none = solve(space, table, options), solve(space, table, options, incumbent=None)
+    assert plain.plan == none.plan and none.report.incumbent_s is None
+    first, again = plain.report.to_json(), none.report.to_json()
+    for field in ("evaluations", "states", "merged", "iterations", "rounds", "objective_s", "message"):
+        assert first[field] == again[field]

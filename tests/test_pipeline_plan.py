@@ -227,9 +227,15 @@ def test_the_schedule_is_gpipe_unless_only_1f1b_fits():
 
 def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule():
     # The search prices the whole step; the pipeline's own step time picks among its best plans.
-    planned = plan_spec(load_spec(PIPELINED), "cpsat")
+    planned = plan_spec(load_spec(PIPELINED), "cpsat", floor=False)
     (report,) = planned.search
     assert "the pipeline schedule re-ranked the 4 best plans" in report.message
     scores = report.rerank_makespans_s
     assert len(scores) == 4 and scores[report.rerank_winner] == min(scores)
     assert planned.assessment.cost.step_time_s == pytest.approx(scores[report.rerank_winner])
+    # The expert floor prices the named schedules by their pipelined step time too: hand-written
+    # PP+BP pipelines faster than any plan of the whole step's search, so it is kept.
+    floored = plan_spec(load_spec(PIPELINED), "cpsat")
+    assert floored.floor_kept and floored.schedule == floored.floor.best.schedule
+    assert floored.assessment.cost.step_time_s == pytest.approx(floored.floor.best.step_time_s, rel=1e-9)
+    assert floored.assessment.cost.step_time_s < planned.assessment.cost.step_time_s

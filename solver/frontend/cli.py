@@ -128,7 +128,7 @@ def _planned(args: argparse.Namespace):
 
     overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
     return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
-                     _progress(args), args.schedule)
+                     _progress(args), args.schedule, floor=not getattr(args, "no_floor", False))
 
 
 def _progress(args: argparse.Namespace):
@@ -252,7 +252,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     overrides = SearchOverrides(args.budget, args.workers, args.seed, args.iterations, args.rerank)
-    report = compare(spec, overrides, _progress(args), args.schedule)
+    report = compare(spec, overrides, _progress(args), args.schedule, floor=not args.no_floor)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -491,6 +491,9 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
                    help="CP-SAT: find the K best distinct plans and keep the one with the shortest simulated "
                    "step time (with overlap); default: the spec's, else 1 (the proven optimum as it is)")
     p.add_argument("--seed", type=int, help="search seed (default: the spec's, else 0)")
+    p.add_argument("--no-floor", action="store_true",
+                   help="do not price the spec's named schedules first: by default a search starts from the "
+                   "fastest that fits and keeps it when no searched plan is faster (the expert floor)")
     p.add_argument("--quiet", action="store_true", help="no progress line on the terminal during the search")
 
 

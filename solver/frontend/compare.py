@@ -16,17 +16,17 @@ NAMES = {"cpsat": "CP-SAT", "mcts": "MCTS"}
 
 
 def compare(spec: Spec, overrides: SearchOverrides | None = None, progress: Progress = SILENT,
-            schedule: str | None = None) -> dict[str, Any]:
+            schedule: str | None = None, floor: bool = True) -> dict[str, Any]:
     """`{"cpsat": ..., "mcts": ...}`: each the `shardplan plan --json` object of
     the spec (its schedule `schedule`, see `plan_spec`) planned with that
     backend, or `{"error": message}` if it returned no plan (nothing fits,
-    or nothing found within the budget)."""
+    or nothing found within the budget). `floor`: as `plan_spec`'s."""
     out: dict[str, Any] = {}
     prepared = prepare(spec)
     for solver in BACKENDS:
         try:
             planned = plan_spec(spec, solver, overrides=overrides, progress=progress, schedule=schedule,
-                                prepared=prepared)
+                                prepared=prepared, floor=floor)
             out[solver] = plan_report(planned, solver)
         except IRError as err:
             out[solver] = {"error": str(err)}

@@ -99,7 +99,8 @@ def plan_grid(path: str | os.PathLike[str], solver: str, stages: tuple[int, ...]
         prepared = prepared or prepare(spec)
         progress.update(f"grid: {mesh_shape(mesh)}", force=True)
         try:
-            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared)
+            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
+                                floor=False)  # the grid compares searched meshes; experts have their columns
         except NoPlanFits as exc:
             # One row for the mesh: its plan is what every K would pipeline.
             rows.append(GridRow(mesh, 0, spec.sharding_mesh().num_devices, p, microbatches[0], None, None, False,

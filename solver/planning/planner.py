@@ -27,6 +27,7 @@ from ir.pipeline import Pipeline
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
+from solver.planning.floor import Floor, expert_floor
 from solver.planning.pipelining import as_cost, pipeline_json, pipelined, pipelined_step_s, search_hardware
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
@@ -54,6 +55,11 @@ class Planned:
     # the whole batch's program on one stage's devices, `assessment.cost` the pipelined step's.
     pipeline: Pipeline | None = None
     pipeline_cost: PipelineCost | None = None
+    # A search's expert floor (`solver.planning.floor`): the named schedules priced before it, and
+    # whether the plan is the best of them because no searched plan was faster.
+    floor: Floor | None = None
+    floor_kept: bool = False
+    searched_step_s: float | None = None  # with a floor: the searched plan's step time (None: none fits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +117,8 @@ def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
 
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
               overrides: SearchOverrides | None = None, progress: Progress = SILENT,
-              schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None) -> Planned:
+              schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None,
+              floor: bool = True) -> Planned:
     """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
     None: the default, see `Spec.schedule_name`) and lower the plan.
     `solver="none"` runs the schedule as written (its auto tactics with their
@@ -121,17 +128,64 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     program of an earlier call on the same spec (unless the schedule
     rematerializes other layers: a remat tactic changes the program).
     `hint`: a plan of that program for CP-SAT's hint when the schedule gives
-    none (a mesh search passes the best plan of the meshes before)."""
+    none (a mesh search passes the best plan of the meshes before).
+    `floor`: a fully automatic search starts from, and never answers worse
+    than, the fastest named schedule that fits (`solver.planning.floor`)."""
     remat = spec.remat(schedule)
+    programs = _programs(spec, prepared)
+    experts = None
+    if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
+            and spec.schedules:
+        progress.update("pricing the named schedules (the expert floor)", force=True)
+        experts = expert_floor(spec, programs, options)
+        progress.clear()
+    hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
+    if hint is not None:
+        hints.setdefault(prepared.remat if prepared is not None else (), hint)
     try:
-        planned = _plan(spec, solver, options, overrides, progress, schedule, prepared, remat, hint)
+        planned = _plan(spec, solver, options, overrides, progress, schedule, programs, remat, hints)
+        if not remat and planned.search and _memory_binds(planned):
+            planned = _choose_remat(spec, solver, options, overrides, progress, schedule, programs, hints,
+                                    planned, None)
     except NoPlanFits as no_fit:
         if remat:  # the schedule chose its remat itself
-            raise
-        return _choose_remat(spec, solver, options, overrides, progress, schedule, None, no_fit)
-    if remat or not planned.search or not _memory_binds(planned):
+            planned = _floor_or_raise(spec, options, progress, programs, experts, no_fit)
+        else:
+            try:
+                planned = _choose_remat(spec, solver, options, overrides, progress, schedule, programs, hints,
+                                        None, no_fit)
+            except NoPlanFits as none_fits:
+                planned = _floor_or_raise(spec, options, progress, programs, experts, none_fits)
+    if experts is None or planned.floor_kept:
         return planned
-    return _choose_remat(spec, solver, options, overrides, progress, schedule, planned, None)
+    best, searched = experts.best, planned.assessment.cost.step_time_s
+    if best is not None and best.step_time_s < searched * (1 - 1e-9):
+        kept = _plan(spec, "none", options, None, progress, best.schedule, programs, best.remat, {})
+        return dataclasses.replace(kept, search=planned.search, remat_tried=planned.remat_tried,
+                                   floor=experts, floor_kept=True, searched_step_s=searched)
+    return dataclasses.replace(planned, floor=experts, searched_step_s=searched)
+
+
+def _programs(spec: Spec, prepared: Prepared | None) -> Callable[[tuple[str, ...]], Prepared]:
+    """The spec's program with the given layers rematerialized, each built once."""
+    built = {} if prepared is None else {prepared.remat: prepared}
+
+    def program(remat: tuple[str, ...]) -> Prepared:
+        if remat not in built:
+            built[remat] = prepare(spec, remat)
+        return built[remat]
+
+    return program
+
+
+def _floor_or_raise(spec: Spec, options: LowerOptions | None, progress: Progress, programs,
+                    experts: Floor | None, no_fit: NoPlanFits) -> Planned:
+    """No searched plan fits: the expert floor's schedule if one fits, else the error."""
+    if experts is None or experts.best is None:
+        raise no_fit
+    best = experts.best
+    kept = _plan(spec, "none", options, None, progress, best.schedule, programs, best.remat, {})
+    return dataclasses.replace(kept, floor=experts, floor_kept=True)
 
 
 def _memory_binds(planned: Planned) -> bool:
@@ -149,8 +203,8 @@ def _memory_binds(planned: Planned) -> bool:
 
 
 def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
-                  progress: Progress, schedule: str | None, plain: Planned | None,
-                  no_fit: NoPlanFits | None) -> Planned:
+                  progress: Progress, schedule: str | None, programs, hints: dict,
+                  plain: Planned | None, no_fit: NoPlanFits | None) -> Planned:
     """Rematerialization as a searched choice: when no plan of the program
     fits, or memory shaped the plan found, the same search runs on the
     program with every other layer and with every layer recomputed in its
@@ -160,11 +214,12 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
     failures = [f"{no_fit}"] if no_fit else []
     for choice in REMAT_CHOICES:
         try:
-            prepared = prepare(spec, choice)
+            programs(choice)
         except SpecError:  # a program without repeated layers to recompute
             break
         try:
-            tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, prepared, choice)))
+            tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, programs, choice,
+                                        hints)))
         except NoPlanFits as again:
             tried.append((choice, None))
             failures.append(f"with {', '.join(choice)} rematerialized: {again}")
@@ -180,10 +235,12 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
 
 
 def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
-          progress: Progress, schedule: str | None, prepared: Prepared | None, remat: tuple[str, ...],
-          hint: Plan | None = None) -> Planned:
-    if prepared is None or prepared.remat != remat:
-        prepared, hint = prepare(spec, remat), None  # the hint's colors are the other program's
+          progress: Progress, schedule: str | None, programs, remat: tuple[str, ...],
+          hints: dict) -> Planned:
+    """One schedule on the program with `remat` rematerialized; `hints`: per
+    program (its remat), a plan of it for the search to start from, before
+    the schedule's own manual plan."""
+    prepared = programs(remat)
     model, nda = prepared.model, prepared.nda
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
@@ -192,10 +249,10 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     search = _Search(model, nda, mesh, search_hardware(spec, hardware), progress)
     if spec.stages > 1:
         search.score = lambda plan, _: pipelined_step_s(spec, model, nda, plan, hardware, options)
-    if hint_tactics:
+    if remat in hints:
+        search.hint = hints[remat]
+    elif hint_tactics:
         search.hint = apply_schedule(nda, mesh, hint_tactics)
-    elif hint is not None:
-        search.hint = hint
     plan = apply_schedule(nda, mesh, tactics, search)
     sharding = plan.materialize(nda)
     seconds["plan"] = time.perf_counter() - t0
@@ -244,7 +301,7 @@ class _Search:
     def __init__(self, model: Model, nda: NDA, mesh, hardware, progress: Progress) -> None:
         self.model, self.nda, self.mesh, self.hardware = model, nda, mesh, hardware
         self.progress = progress
-        self.hint: Plan | None = None  # CP-SAT's hint; the MCTS starts from the earlier tactics' plan
+        self.hint: Plan | None = None  # where a search starts: CP-SAT's hint, the MCTS's incumbent
         # A pipelined spec's: the pipelined step time of a plan (inf if it does not fit), which re-ranks
         # CP-SAT's best plans of the whole step (at least PIPELINE_RERANK of them).
         self.score: Callable[[Plan, FactorSharding], float] | None = None
@@ -262,11 +319,9 @@ class _Search:
         try:
             if auto.solver == "mcts":
                 options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed)
-                result = mcts.solve(space, self._table, options, self.progress)
+                result = mcts.solve(space, self._table, options, self.progress, incumbent=self._start(space))
             else:
-                hint = None
-                if self.hint is not None:
-                    hint = space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
+                hint = self._start(space)
                 options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
@@ -278,6 +333,12 @@ class _Search:
         if result.plan is None:
             raise NoPlanFits(f"{where}: {result.report.message}")
         return result.plan
+
+    def _start(self, space) -> Any:
+        """The hint as a point of `space` (its nearest: `SearchSpace.point_of`), or None."""
+        if self.hint is None:
+            return None
+        return space.point_of(self.hint.materialize(self.nda), dict(self.hint.resolutions))
 
 
 def collective_counts(lowered: Lowered) -> dict[str, int]:
@@ -334,6 +395,8 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
         "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
         "search": [r.to_json() for r in planned.search],
+        "expert_floor": None if planned.floor is None else {
+            **planned.floor.to_json(), "kept": planned.floor_kept, "searched_step_time_s": planned.searched_step_s},
         "time_s": dict(planned.seconds),
     }
 
@@ -423,6 +486,20 @@ def format_search(r: dict[str, Any]) -> str:
             f"built in {r['build_s']:.2f} s, solved in {r['solve_s']:.2f} s")
 
 
+def format_floor(floor: dict[str, Any], step_time_s: float) -> str:
+    """One line about the expert floor (`solver.planning.floor`)."""
+    priced = floor["schedules"]
+    fit = sum(1 for e in priced if e["fits"])
+    if floor["best"] is None:
+        return f"expert floor: none of the {len(priced)} named schedules without a search fits"
+    head = (f"expert floor: schedule {floor['best']} {format_seconds(floor['best_step_time_s'])} "
+            f"(the fastest of {fit} named schedules that fit, of {len(priced)})")
+    if floor["kept"]:
+        return f"{head}: no searched plan was faster, so the plan is that schedule's"
+    gain = 1 - step_time_s / floor["best_step_time_s"]
+    return f"{head}: the searched plan is {gain:.1%} faster" if gain > 0 else f"{head}: the search found it too"
+
+
 def _grouped(decisions: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(axis, text) per line. Decisions on one axis of the same parameter
     dimension in repeated layers (the same `pattern`, with a `*`) print once,
@@ -480,6 +557,8 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     lines.append("")
     for r in report["search"]:
         lines.append(format_search(r))
+    if report["expert_floor"]:
+        lines.append(format_floor(report["expert_floor"], report["cost"]["step_time_s"]))
     if report["search"] and report["pipeline"]:
         lines.append(f"  (searched on the whole step over one stage's devices, with {report['pipeline']['stages']}x "
                      "their memory; the cost below is the pipelined step's)")

@@ -14,12 +14,21 @@ Cost terms: `solver.search.cpsat_terms` (op, kernel, edge and end terms,
 each priced by `costmodel.table`, the one pricing function).
 
 Memory: the peak of the cost model is not linear, so capacity is enforced
-lazily. After each solve the plan is priced; if it does not fit, a cut is
-added at the op positions where a *lower bound* of the live bytes (resident
-parameters, the op's result, and results that are never partial sums and are
-read later) already exceeds the capacity; where the bound does not see the
-overflow, the point itself is excluded. Every cut is valid, so the final
-optimum is the optimum among plans that fit.
+lazily, and exactly. After each solve the plan is priced; if it does not
+fit, a cut is added at every position (up to eight, spread over the program,
+largest overflow first) where a lower bound of its live bytes, written as a
+sum of the model's terms (`solver.search.cpsat_memory`), already exceeds the
+capacity, and the point itself is excluded (a no-good: a cut in whole KiB
+may not reach a plan that overflows by a few KiB). Every cut is valid, and
+each round removes the plan it priced, so the loop converges: it runs until
+a plan fits, the model is infeasible (proven: no plan fits) or the time
+limit is spent, with no round cap. The final optimum is the optimum among
+plans that fit.
+
+A hint that fits is an incumbent: the answer is never worse than it. (It
+is not written into the model as a bound on the objective: on unet that
+constraint steered CP-SAT's search to a 0.13% worse plan in the same
+deterministic time; the hint alone starts the search there.)
 
 What the model proves is the serial step time (the sum of the fused
 kernels' times, `costmodel.evaluate`). The overlap of the two-stream
@@ -45,6 +54,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from ir.sharding import FactorSharding
 from solver.plan import Plan
+from solver.search.cpsat_memory import memory_cuts
 from solver.search.cpsat_terms import Key, Term, TermModel
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
@@ -56,7 +66,6 @@ class CpSatOptions:
     time_limit_s: float = 60.0
     workers: int = 1
     seed: int = 0
-    memory_rounds: int = 20  # solves at most (lazy memory constraints)
     rerank: int = 1  # the best distinct plans the simulator compares (1: the solver's optimum as it is)
     # What re-ranks them (lower is better; default: the simulated makespan of the plan's program), and
     # its name in the report. A pipelined spec re-ranks by its pipeline schedule's step time.
@@ -83,6 +92,7 @@ class SolveReport:
     space: int  # decision variables: (group, axis) pairs and free resolution bits
     rounds: int
     memory_cuts: int
+    no_goods: int  # plans excluded one by one (the memory bound did not see their overflow)
     smallest_peak_bytes: int | None
     message: str
     # Re-ranking (rerank > 1): the serial step times and simulated makespans of the plans compared,
@@ -143,7 +153,7 @@ class _Cp:
         self.memory_cuts = 0
         self.deterministic_s = 0.0  # CP-SAT's deterministic time over every solve so far
         self.rounds = 0  # solves so far (the progress line shows it)
-        self._bytes: dict[int, Any] = {}  # id(term) -> its local-KiB variable
+        self._bytes: dict[tuple, Any] = {}  # (id(term), measure) -> its local-KiB variable
 
     def _define(self, kid: int, key: Key, i: int) -> None:
         """s[kid, i] <=> x and not deselected and no higher key holds the axis and divisible."""
@@ -247,17 +257,17 @@ class _Cp:
         self.model.AddBoolOr(lits)
 
     def memory_cut(self, counts: Counter, capacity: int) -> None:
-        """sum over terms of count * local KiB <= capacity in KiB (floors: a
-        valid bound; each term's variable is at least its true KiB)."""
+        """sum over (term, measure) of count * local KiB <= capacity in KiB
+        (floors: a valid bound; each term's variable is at least its true KiB)."""
         rhs = int(capacity) // 1024
         expr = []
-        for term, count in counts.items():
-            kib = [c.result_bytes // 1024 for c in term.combos]
+        for (term, measure), count in counts.items():
+            kib = [_measure(c, measure) // 1024 for c in term.combos]
             low = min(kib)
             rhs -= count * low
-            if id(term) not in self._bytes:
-                self._bytes[id(term)] = self._bounded(term, [k - low for k in kib])
-            var = self._bytes[id(term)]
+            if (id(term), measure) not in self._bytes:
+                self._bytes[(id(term), measure)] = self._bounded(term, [k - low for k in kib])
+            var = self._bytes[(id(term), measure)]
             if var is not None:
                 expr.append(count * var)
         self.model.Add(sum(expr) <= rhs)
@@ -266,6 +276,13 @@ class _Cp:
     def size(self) -> tuple[int, int]:
         proto = self.model.Proto()
         return len(proto.variables), len(proto.constraints)
+
+
+def _measure(combo, measure: str | tuple[str, int]) -> int:
+    """A combination's bytes by one measure: a Combo field, or (field, operand)."""
+    if isinstance(measure, tuple):
+        return getattr(combo, measure[0])[measure[1]]
+    return getattr(combo, measure)
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -282,39 +299,6 @@ class _Progress(cp_model.CpSolverSolutionCallback):
                              f"(bound {bound:.4g} s), {self.WallTime():.1f} s")
 
 
-def _lower_bound_counts(m: TermModel, codes: np.ndarray, capacity: int, at_most: int = 3) -> list[Counter]:
-    """Op positions where resident parameters plus the results that are live
-    there in any lowering already exceed the capacity (module docstring), as
-    counts of the terms whose bytes make up the bound."""
-    t = m.t
-    n = len(t.fn.ops)
-    value_bytes = t.global_bytes // np.prod(t.code_size[codes[t.def_ic]], axis=1)
-    delta = np.zeros(n + 1, dtype=np.int64)
-    spans = []
-    for i in range(n):
-        v = t.num_params + i
-        if m.value_partial[v] is not None:
-            continue
-        last = n - 1 if t.is_result[v] else max(i, int(t.last_user[v]) - 1)
-        delta[i] += value_bytes[v]
-        delta[last + 1] -= value_bytes[v]
-        spans.append((i, last))
-    bound = int(value_bytes[: t.num_params].sum()) + np.cumsum(delta[:n])
-    over = [int(i) for i in np.argsort(-bound, kind="stable") if bound[i] > capacity]
-    chosen: list[int] = []
-    for i in over:
-        if all(abs(i - j) > n // 10 for j in chosen):
-            chosen.append(i)
-        if len(chosen) == at_most:
-            break
-    cuts = []
-    for pos in chosen:
-        counts: Counter = Counter(m.param_term(p) for p in range(t.num_params))
-        counts.update(m.terms[m.op_term[i]] for i, last in spans if i <= pos <= last)
-        cuts.append(counts)
-    return cuts
-
-
 def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = None,
           hint: Point | None = None, progress: Progress = SILENT) -> AutoResult:
     """The best plan of the space under the cost model that fits memory (module docstring)."""
@@ -327,72 +311,131 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     # same plan however loaded the machine is; the wall clock only stops a run three times over its limit.
     deadline = time.perf_counter() + 3 * options.time_limit_s
     capacity = table.hardware.capacity_bytes
-    rounds, status, proven = 0, "unknown", False
-    found: list[tuple] = []  # (plan, sharding, cost, objective, bound, status), best serial first
-    smallest: tuple | None = None  # (peak, sharding)
+    loop = _Loop()
+    incumbent = _incumbent(space, table, hint, loop)
     solve_start = time.perf_counter()
     wanted = max(1, options.rerank)
-    while rounds < options.memory_rounds + wanted - 1:
+    while True:
         left = options.time_limit_s - cp.deterministic_s
         if left <= 0 or time.perf_counter() > deadline:
             break
         cp.hint(hint)
-        cp.rounds = rounds
-        progress.update(f"cpsat: solve {rounds + 1}, {time.perf_counter() - solve_start:.1f} s", force=True)
+        cp.rounds = loop.rounds
+        progress.update(f"cpsat: solve {loop.rounds + 1}, {time.perf_counter() - solve_start:.1f} s", force=True)
         status, point, objective, bound = cp.solve(left, options, progress)
-        rounds += 1
+        loop.rounds += 1
         if point is None:
-            proven = status == "infeasible" and not found
+            loop.exhausted = status == "infeasible"  # every plan that fits (and beats the incumbent) is found
             break
+        loop.bound = max(loop.bound, bound)  # each solve relaxes the plans that fit: a valid lower bound
         plan = space.plan(point)
         sharding = plan.materialize(space.nda)
         cost = table.evaluate(sharding)
         hint = point
         if cost.fits:
-            found.append((plan, sharding, cost, objective, bound, status))
-            if len(found) == wanted:
+            loop.found.append((plan, sharding, cost, objective, bound, status))
+            if len(loop.found) == wanted:
                 break
             cp.exclude(point)  # the next solve finds the next best distinct plan
             continue
-        if smallest is None or cost.peak_memory_bytes < smallest[0]:
-            smallest = (cost.peak_memory_bytes, sharding)
-        cuts = _lower_bound_counts(m, np.append(table.codes(sharding), 0), capacity)
+        loop.saw(cost.peak_memory_bytes, sharding)
+        cuts = memory_cuts(m, np.append(table.codes(sharding), 0), capacity)
         for counts in cuts:
             cp.memory_cut(counts, capacity)
-        if not cuts:
-            cp.exclude(point)
+        # The point goes too: a cut in whole KiB may not reach a plan that overflows by a few KiB, and
+        # removing the plan priced each round is what makes the loop converge.
+        cp.exclude(point)
+        loop.no_goods += not cuts
     solve_s = time.perf_counter() - solve_start
     variables, constraints = cp.size()
     folded = sum(t.mult - 1 for t in m.terms.values() if t.kind != "param")
     common = dict(solver="cpsat", axes=space.axes, solve_s=solve_s, build_s=build_s, variables=variables,
                   constraints=constraints, terms=len(m.terms), folded=folded,
-                  space=len(space.variables) + len(space.free_classes), rounds=rounds, memory_cuts=cp.memory_cuts,
-                  smallest_peak_bytes=smallest[0] if smallest else None)
+                  space=len(space.variables) + len(space.free_classes), rounds=loop.rounds,
+                  memory_cuts=cp.memory_cuts, no_goods=loop.no_goods,
+                  smallest_peak_bytes=loop.smallest[0] if loop.smallest else None)
+    found = loop.with_incumbent(incumbent)
     if found:
-        winner, makespans = 0, ()
-        if len(found) > 1:
-            progress.update(f"cpsat: simulating the {len(found)} best plans", force=True)
-            makespans = tuple(options.score(plan, sharding) if options.score is not None
-                              else simulated_makespan_s(table, sharding) for plan, sharding, *_ in found)
-            winner = min(range(len(found)), key=lambda i: (makespans[i], i))
-        plan, sharding, cost, objective = found[winner][:4]
-        best, bound, status = found[0][3:]  # what the solver proved is about the optimum
-        gap = (best - bound) / best if best > 0 else 0.0
-        message = f"{status}: step time {best:.6g} s (bound {bound:.6g} s, gap {gap:.2%})"
-        if makespans:
-            message += (f"; {options.score_name} re-ranked the {len(found)} best plans: "
-                        + (f"the optimum has the shortest makespan ({makespans[0]:.6g} s)" if winner == 0 else
-                           f"chose #{winner + 1}, step time {objective:.6g} s, makespan {makespans[winner]:.6g} s "
-                           f"(the optimum's: {makespans[0]:.6g} s)"))
-        report = SolveReport(status=status, objective_s=objective, bound_s=bound, gap=gap, message=message,
-                             rerank_objectives_s=tuple(f[3] for f in found) if makespans else (),
-                             rerank_makespans_s=makespans, rerank_winner=winner, **common)
-        return AutoResult(plan, sharding, cost, report)
-    status = "infeasible" if proven else "unknown"
-    tries = f"in {rounds} solves" if rounds else f"within the time limit ({options.time_limit_s:g} s)"
-    message = no_fit_message(space, table, smallest, proven, tries)
-    report = SolveReport(status=status, objective_s=None, bound_s=None, gap=None, message=message, **common)
+        return _answer(found, incumbent, options, table, progress, common)
+    proven = loop.exhausted
+    tries = f"in {loop.rounds} solves" if loop.rounds else f"within the time limit ({options.time_limit_s:g} s)"
+    if not proven:
+        tries += f" ({options.time_limit_s:g} s of solving; {cp.memory_cuts} memory cuts, {loop.no_goods} plans " \
+                 "excluded one by one)"
+    message = no_fit_message(space, table, loop.smallest, proven, tries)
+    report = SolveReport(status="infeasible" if proven else "unknown", objective_s=None, bound_s=None, gap=None,
+                         message=message, **common)
     return AutoResult(None, None, None, report)
 
+
+class _Loop:
+    """The lazy memory loop's state: the plans that fit, in the order found
+    (best serial first), the best bound, the smallest peak seen."""
+
+    def __init__(self) -> None:
+        self.rounds = self.no_goods = 0
+        self.found: list[tuple] = []  # (plan, sharding, cost, objective, bound, status)
+        self.bound = 0.0
+        self.exhausted = False
+        self.smallest: tuple | None = None  # (peak, sharding)
+
+    def saw(self, peak: int, sharding: FactorSharding) -> None:
+        if self.smallest is None or peak < self.smallest[0]:
+            self.smallest = (peak, sharding)
+
+    def with_incumbent(self, incumbent: tuple | None) -> list[tuple]:
+        """The plans found, with a fitting hint first where the solve did not
+        find it and it is faster than the best found (the model rounds step
+        times: a plan within its rounding of the hint may come first)."""
+        found = list(self.found)
+        if incumbent is None or any(f[1] == incumbent[1] for f in found):
+            return found
+        plan, sharding, cost = incumbent
+        if found and cost.step_time_s >= found[0][2].step_time_s:
+            return found
+        if found:  # what the solve proved about its optimum holds for the hint, as fast or faster
+            bound, status = min(found[0][4], cost.step_time_s), found[0][5]
+        else:  # the time ran out before a plan that fits was found
+            bound, status = min(self.bound, cost.step_time_s), "feasible"
+        return [(plan, sharding, cost, cost.step_time_s, bound, status)] + found
+
+
+def _incumbent(space: SearchSpace, table: CostTable, hint: Point | None, loop: _Loop) -> tuple | None:
+    """A hint's (plan, sharding, cost) when it fits (module docstring)."""
+    if hint is None:
+        return None
+    plan = space.plan(hint)
+    sharding = plan.materialize(space.nda)
+    cost = table.evaluate(sharding)
+    if cost.fits:
+        return plan, sharding, cost
+    loop.saw(cost.peak_memory_bytes, sharding)
+    return None
+
+
+def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, table: CostTable,
+            progress: Progress, common: dict) -> AutoResult:
+    """The report of the best plan found (re-ranked by the simulator when more were kept)."""
+    winner, makespans = 0, ()
+    if len(found) > 1:
+        progress.update(f"cpsat: simulating the {len(found)} best plans", force=True)
+        makespans = tuple(options.score(plan, sharding) if options.score is not None
+                          else simulated_makespan_s(table, sharding) for plan, sharding, *_ in found)
+        winner = min(range(len(found)), key=lambda i: (makespans[i], i))
+    plan, sharding, cost, objective = found[winner][:4]
+    best, bound, status = found[0][3:]  # what the solver proved is about the optimum
+    gap = max(0.0, (best - bound) / best) if best > 0 else 0.0
+    message = f"{status}: step time {best:.6g} s (bound {bound:.6g} s, gap {gap:.2%})"
+    if incumbent is not None and found[winner][1] == incumbent[1]:
+        message += "; the hint: no searched plan was faster" + (", none is" if status == "optimal" else "")
+    if makespans:
+        message += (f"; {options.score_name} re-ranked the {len(found)} best plans: "
+                    + (f"the optimum has the shortest makespan ({makespans[0]:.6g} s)" if winner == 0 else
+                       f"chose #{winner + 1}, step time {objective:.6g} s, makespan {makespans[winner]:.6g} s "
+                       f"(the optimum's: {makespans[0]:.6g} s)"))
+    report = SolveReport(status=status, objective_s=objective, bound_s=bound, gap=gap, message=message,
+                         rerank_objectives_s=tuple(f[3] for f in found) if makespans else (),
+                         rerank_makespans_s=makespans, rerank_winner=winner, **common)
+    return AutoResult(plan, sharding, cost, report)
 
 __all__ = ["CpSatOptions", "SolveReport", "solve"]

@@ -63,7 +63,10 @@ class Combo:
     inputs: tuple  # per input feature: its value
     outputs: tuple  # per output feature: its value
     seconds: float
-    result_bytes: int = 0
+    result_bytes: int = 0  # op terms: the result's local bytes
+    held_bytes: int = 0  # op terms: at least what the result holds once its partial sum is reduced
+    use_bytes: tuple[int, ...] = ()  # op terms: each operand's local bytes as the op reads it
+    first_step_bytes: int = 0  # edge terms: the local bytes of the first collective's result (0: none)
 
 
 @dataclass(slots=True, eq=False)  # identity: terms key the memory cuts
@@ -285,6 +288,7 @@ class TermModel:
             seconds = 0.0 if t.kernels.fused[i] else t.price_op(i, codes)[0]
             result_bytes = int(t.global_bytes[t.num_params + i]
                                // np.prod(t.code_size[codes[t.def_ic[t.num_params + i]]]))
+            use_bytes = tuple(use_local_bytes(t, e, codes) for e in t.op_edges[i])
             own = 0
             for k in red:
                 own |= int(t.code_mask[codes[k]])
@@ -304,7 +308,10 @@ class TermModel:
                     continue
                 mask = flowing | own
                 partial = (mask, t.op_combiner[i] if own else "sum") if mask else NOT_PARTIAL
-                rows.append(Combo(taken, tuple(values), (partial, bool(flowing)), seconds, result_bytes))
+                # Reducing a partial sum over axes A scatters it at most over A.
+                held = result_bytes // math.prod(t.mesh.size(a) for a in t.mask_axes[mask])
+                rows.append(Combo(taken, tuple(values), (partial, bool(flowing)), seconds, result_bytes, held,
+                                  use_bytes))
         partial_f = self._feature(name + ("partial",), [c.outputs[0] for c in rows])
         flow_f = self._feature(name + ("flow",), [c.outputs[1] for c in rows])
         kept = [n for n, f in enumerate((partial_f, flow_f)) if f is not None]
@@ -378,7 +385,8 @@ class TermModel:
             for values in itertools.product(*(self.features[f] for f in inputs)):
                 chain = self._edge_resharding(e, codes, dict(zip(inputs, values)), pf, role, first_ic)
                 seconds = sum(chain.priced.seconds) if chain is not None else 0.0
-                rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds))
+                first = chain.priced.result_bytes[0] if _emits(chain) else 0
+                rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds, first_step_bytes=first))
         # Whether a collective sits on the use: a kernel reading it through this use is cut there.
         emits = {c.outputs[0] for c in rows}
         feature = self._feature(name + ("emits",), emits) if e in self.kernel_uses else None
@@ -452,6 +460,13 @@ class TermModel:
                 rows.append(Combo(taken, (), (), 0.0, size))
             term = self.terms[name] = Term("param", p, keys, (), (), rows, mult=0)
         return term
+
+
+def use_local_bytes(t: CostTable, e: int, codes: np.ndarray) -> int:
+    """The local bytes of use `e`'s operand as its op reads it (the wanted
+    sharding: the value itself, or its resharding's last result)."""
+    v = t.edge_vid_of[e]
+    return int(t.global_bytes[v] // np.prod(t.code_size[codes[t.use_ic[e][:t.values[v].type.rank]]]))
 
 
 def _emits(chain) -> bool:

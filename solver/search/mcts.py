@@ -36,9 +36,18 @@ plans of equal cost). The reward is C* / C(s), where C(s) = RT(s) + MP(s)
 is TOAST's relative cost (`costmodel.evaluate.Assessment.relative_cost`)
 and C* the ideal step time's RT, so rewards lie in (0, 1]. After a round
 the best found is applied: the root's child on the way to the best state
-becomes the next round's root. The search stops when a round brings no
-improvement, or when the budget (trajectories, seconds) is spent. "Best"
-is lexicographic: plans that fit memory first, then C(s).
+becomes the next round's root. A round also ends early once `patience`
+trajectories in a row did not beat the round's best trajectory. The
+search stops when a round brings no improvement, or when the budget
+(trajectories, seconds) is spent. "Best" is lexicographic: plans that fit
+memory first, then C(s).
+
+Incumbent. `solve(..., incumbent=point)` (the planner passes the best
+expert schedule's nearest point) prices the point first and seeds the best
+found with it, so the answer is never worse than the incumbent; one descent
+also starts from it. Rounds (their patience, and whether they improved) are
+judged by their trajectories only, so the tree takes the same course with
+or without an incumbent, which only seeds the answer.
 
 Departures, measured on Gemma-2B (`specs/gemma_2b.yaml`, 5 seeds, against
 CP-SAT's optimum): trajectories completed by uniformly random actions
@@ -53,6 +62,29 @@ and a descent from the right start finds. With it every seed reached the
 optimum. Applying the best *state* as the next root (rather than its
 first action) trapped later rounds in a local optimum, since actions only
 add shardings.
+
+Budget (issue 27): every trajectory's descent prices ~|actions| fresh
+states per step and a table evaluation costs 2-25 ms on the large specs,
+so the search spent 20-60 s, nearly all in `CostTable.evaluate`; its best
+plan was found within the first 1-36 trajectories on every bundled spec and
+the remaining ones found nothing. Two changes, kept because no bundled
+spec's result got worse (the same step time as before on each, CP-SAT's
+wherever it proves optimality) while the plans priced fell 1.5-6x
+(chinchilla_32l 2097 -> 943, unet 17693 -> 6374, gemma_2b 2281 -> 1146):
+  - patience 20: a round ends after 20 trajectories in a row that did not
+    beat its best, rather than after 100 (patience 10 lost 0.16% on
+    Gemma-2B, whose last improvement came 16 trajectories after the one
+    before);
+  - focused descents: after a step, only the actions that improved on the
+    state just left are tried ("don't look bits"), not every valid action;
+    the first step of each descent still tries them all, so a start the
+    tree chose still reaches plans whose parts are worse alone (Megatron).
+A descent from the root before the first round, tried too, made round 1
+look fruitless next to it and ended searches early (Gemma-2B on A100 and
+TPUv3 0.4-0.5% slower), which is also why rounds are judged by their
+trajectories only (the incumbent paragraph).
+Descents are memoized per start state, and per state its valid actions
+and per (state, action) its successor, so revisits cost dict look-ups.
 
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
@@ -94,9 +126,11 @@ class MctsOptions:
     min_dims: int = 10
     exploration: float = 0.1
     length_bonus: float = 0.01
+    patience: int = 20  # a round ends after this many trajectories in a row that did not beat its best
+    focus: bool = True  # a descent's later steps try only the actions that improved on the step before
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "round_iterations", "max_depth"):
+        for name in ("iterations", "round_iterations", "max_depth", "patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MctsOptions.{name} must be at least 1, got {getattr(self, name)}")
         if self.time_limit_s <= 0:
@@ -135,6 +169,7 @@ class MctsReport:
     pruned: int  # actions dropped for touching fewer than min_dims dimensions
     space: int  # decision variables: (group, axis) pairs and free resolution bits
     smallest_peak_bytes: int | None
+    incumbent_s: float | None  # the incumbent's step time (None: no incumbent was given)
     stopped_by: str  # no-improvement | iterations | time-limit
     message: str
 
@@ -179,8 +214,12 @@ class _Mcts:
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
         self.codes_of: dict[Point, np.ndarray] = {}
+        self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
+        self.valid_of: dict[Point, list[Action]] = {}
+        self.descent_of: dict[Point, tuple[Point, np.ndarray]] = {}
         self.merged = 0
         self.best: tuple[_Priced, Point, np.ndarray] | None = None
+        self.incumbent: _Priced | None = None
         self.smallest: tuple[int, Point, np.ndarray] | None = None
 
     # ------------------------------------------------------------ states
@@ -195,20 +234,29 @@ class _Mcts:
         key = (codes.tobytes(), point.bits)
         node = self.nodes.get(key)
         if node is None:
-            untried: list = [a for a in self.actions if _valid(point, a)] + [STOP]
+            untried: list = [*self.valid(point), STOP]
             self.rng.shuffle(untried)
             node = self.nodes[key] = _Node(point, codes, len(point.sharded), untried)
         return node
 
+    def valid(self, point: Point) -> list[Action]:
+        valid = self.valid_of.get(point)
+        if valid is None:
+            valid = self.valid_of[point] = [a for a in self.actions if _valid(point, a)]
+        return valid
+
     def child(self, point: Point, codes: np.ndarray, action: Action) -> tuple[Point, np.ndarray] | None:
         """The state after a statically valid action, or None if it changes nothing."""
+        key = (point, action)
+        if key in self.children_of:
+            return self.children_of[key]
         bits = dict(point.bits)
         bits.update(action.bits)
         child = Point(point.sharded | {(action.group, action.axis)}, tuple(sorted(bits.items())))
         child_codes = self.codes(child)
-        if np.array_equal(child_codes, codes):
-            return None
-        return child, child_codes
+        after = None if np.array_equal(child_codes, codes) else (child, child_codes)
+        self.children_of[key] = after
+        return after
 
     def price(self, point: Point, codes: np.ndarray) -> _Priced:
         key = codes.tobytes()
@@ -225,7 +273,8 @@ class _Mcts:
 
     # ------------------------------------------------------------ one trajectory
 
-    def trajectory(self, root: _Node) -> None:
+    def trajectory(self, root: _Node) -> tuple[bool, float]:
+        """Run one trajectory from `root`; the rank of the state it priced last."""
         path, node, stopped = [root], root, False
         while node.depth < self.options.max_depth:
             action, child, expanded = self.select(node)
@@ -239,7 +288,8 @@ class _Mcts:
             if expanded:
                 break
         point, codes = (node.point, node.codes) if stopped else self.rollout(node)
-        reward = self.ideal_relative / max(self.price(point, codes).relative_cost, 1e-300)
+        priced = self.price(point, codes)
+        reward = self.ideal_relative / max(priced.relative_cost, 1e-300)
         length = len(point.sharded)
         for n in path:
             n.visits += 1
@@ -247,6 +297,7 @@ class _Mcts:
             n.length_sum += length
         if stopped:
             node.stop_visits += 1
+        return priced.rank
 
     def select(self, node: _Node) -> tuple[Any, _Node | None, bool]:
         """Expand the next untried action of `node`, or choose by UCT among the tried ones."""
@@ -282,37 +333,71 @@ class _Mcts:
         return best[1], node.children[best[1]], False
 
     def rollout(self, node: _Node) -> tuple[Point, np.ndarray]:
-        """Complete the trajectory by steepest descent: take the valid action
-        whose state is cheapest while that improves on the current state, then
-        stop (module docstring: why not uniformly random actions)."""
-        point, codes = node.point, node.codes
+        return self.descend(node.point, node.codes)
+
+    def descend(self, point: Point, codes: np.ndarray) -> tuple[Point, np.ndarray]:
+        """Steepest descent from a state: take the valid action whose state is
+        cheapest while that improves on the current state, then stop (module
+        docstring: why not uniformly random actions). Memoized per start state."""
+        known = self.descent_of.get(point)
+        if known is not None:
+            return known
+        start, focus = point, self.options.focus
         best = self.price(point, codes).rank
+        candidates = self.valid(point)
         while len(point.sharded) < self.options.max_depth:
-            found = None
-            for action in self.actions:
-                after = self.child(point, codes, action) if _valid(point, action) else None
+            here, found, improving = best, None, []
+            for action in candidates:
+                after = self.child(point, codes, action)
                 if after is not None:
                     rank = self.price(*after).rank
-                    if rank < best:
-                        best, found = rank, after
+                    if rank < here:
+                        improving.append(action)
+                        if rank < best:
+                            best, found, taken = rank, after, action
             if found is None:
                 break
             point, codes = found
+            # Focus: only the actions that improved on the state just left are tried from the next one.
+            candidates = [a for a in improving if a is not taken and _valid(point, a)] if focus else self.valid(point)
+        self.descent_of[start] = (point, codes)
         return point, codes
 
     # ------------------------------------------------------------ rounds
 
-    def run(self) -> tuple[int, int, str]:
+    def seed(self, incumbent: Point) -> None:
+        """Price the incumbent (the best found so far if it is) and descend from it."""
+        codes = self.codes(incumbent)
+        self.incumbent = self.price(incumbent, codes)
+        if self.best[0].rank == self.incumbent.rank:  # the incumbent's plan is the root's
+            self.best = (self.incumbent, incumbent, codes)
+        self.descend(incumbent, codes)
+
+    def run(self, incumbent: Point | None = None) -> tuple[int, int, str]:
         o, start = self.options, time.perf_counter()
         root = self.node(Point(frozenset(), ()), self.codes(Point(frozenset(), ())))
         self.price(root.point, root.codes)
+        if incumbent is not None:
+            self.seed(incumbent)
+        tree_best = None  # the best rank a trajectory ended at: what rounds are judged by
         done = rounds = 0
         stopped_by = "iterations"
         while done < o.iterations:
-            at_start = self.best[0].rank
+            # Rounds are judged by the trajectories alone, not by the best found overall: the
+            # incumbent (and its descent) seeds the answer but does not change the tree's course, so
+            # a good incumbent never ends a round or the search before the tree had its turn.
+            at_start, stale, round_best = tree_best, 0, None
             for _ in range(min(o.round_iterations, o.iterations - done)):
-                self.trajectory(root)
+                rank = self.trajectory(root)
                 done += 1
+                if tree_best is None or rank < tree_best:
+                    tree_best = rank
+                if round_best is None or rank < round_best:
+                    stale, round_best = 0, rank
+                else:
+                    stale += 1
+                if stale >= o.patience:  # the round ends; the search goes on if it improved
+                    break
                 elapsed = time.perf_counter() - start
                 if elapsed > o.time_limit_s:
                     stopped_by = "time-limit"
@@ -321,7 +406,7 @@ class _Mcts:
             rounds += 1
             if stopped_by == "time-limit":
                 break
-            if not self.best[0].rank < at_start:
+            if at_start is not None and not tree_best < at_start:
                 stopped_by = "no-improvement"
                 break
             # Commit to the root's child that leads to the best state found (not to that state itself:
@@ -369,26 +454,29 @@ def _valid(point: Point, action: Action) -> bool:
 
 
 def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = None,
-          progress: Progress = SILENT) -> AutoResult:
+          progress: Progress = SILENT, *, incumbent: Point | None = None) -> AutoResult:
     """The best plan the search finds (module docstring); plan None if none fits memory."""
     options = options or MctsOptions()
     start = time.perf_counter()
     search = _Mcts(space, table, options, progress)
     build_s = time.perf_counter() - start
-    done, rounds, stopped_by = search.run()
+    done, rounds, stopped_by = search.run(incumbent)
     solve_s = time.perf_counter() - start - build_s
     priced, point, codes = search.best
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
                   evaluations=len(search.prices), states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=len(space.variables) + len(space.free_classes),
-                  smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by)
+                  smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by,
+                  incumbent_s=search.incumbent.cost.step_time_s if search.incumbent else None)
     tried = f"in {done} trajectories ({len(search.prices)} plans priced)"
     if priced.cost.fits:
         plan = space.plan(point)
         sharding = plan.materialize(space.nda)
         message = (f"best of {done} trajectories in {rounds} rounds ({len(search.prices)} plans priced, "
                    f"stopped by {stopped_by}): step time {priced.cost.step_time_s:.6g} s")
+        if priced is search.incumbent:  # the same codes priced once: the incumbent's plan, or one alike
+            message += "; no searched plan beat the incumbent"
         report = MctsReport(status="feasible", objective_s=priced.cost.step_time_s,
                             relative_cost=priced.relative_cost, message=message, **common)
         return AutoResult(plan, sharding, priced.cost, report)

@@ -21,7 +21,12 @@ Color groups (`fold_layers`): colors whose parameter dimensions are the same
 dimensions of the same parameter groups (`NDA.param_groups`: the repeated
 layers) and that have as many I-classes are one group, decided together.
 This makes the search layer-symmetric (every layer sharded alike), which is
-what lets the CP-SAT model fold repeated layers by multiplicity.
+what lets the CP-SAT model fold repeated layers by multiplicity. Where one
+color names two dimensions of one parameter group (a deep MLP: layer i's
+output dimension is layer i+1's input), the repeated unit is two layers:
+the colors are told apart by the parity of the layer (its position in the
+group, in program order), so even and odd layers are decided apart and
+Megatron's alternating column and row sharding is a point of the space.
 """
 
 from __future__ import annotations
@@ -228,16 +233,25 @@ class _FastMaterialize:
 def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """Per color its group id, and the groups' colors (module docstring)."""
     group_index = {name: g for g, names in enumerate(nda.param_groups) for name in names}
-    signature: dict[int, list] = {c: [] for c in range(nda.num_colors)}
+    position = {name: j for names in nda.param_groups for j, name in enumerate(names)}
     fn = nda.function
+    dims: dict[int, list[tuple[int, int, str]]] = {c: [] for c in range(nda.num_colors)}
     for p in fn.params:
         g = group_index.get(p.name)  # optimizer state follows its parameter's colors anyway
         for d in range(p.type.rank if g is not None else 0):
-            signature[nda.def_color(p, d)].append((g, d))
+            dims[nda.def_color(p, d)].append((g, d, p.name))
+    # A group is *chained* when one color names two different dimensions of it: layer i's output is
+    # layer i+1's input (a deep MLP). Sharding that color decides both layers, so a unit of one layer
+    # cannot alternate (Megatron: even layers by column, odd by row); the unit is two layers, and
+    # its colors are told apart by the layer's parity (its position in the group, in program order).
+    chained = {g for entries in dims.values() for g in {g for g, _, _ in entries}
+               if len({d for h, d, _ in entries if h == g}) > 1}
+    signature = {c: sorted((g, d, position[name] % 2 if g in chained else 0) for g, d, name in entries)
+                 for c, entries in dims.items()}
     keys: dict[tuple, int] = {}
     group_of = []
     for c in range(nda.num_colors):
-        sig = tuple(sorted(signature[c]))
+        sig = tuple(signature[c])
         key = ("tied", len(nda.color_iclasses[c]), sig) if fold and sig else ("alone", c)
         group_of.append(keys.setdefault(key, len(keys)))
     groups: list[list[int]] = [[] for _ in keys]

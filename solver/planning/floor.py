@@ -1,0 +1,101 @@
+"""The expert floor: the spec's own named schedules, priced before a search.
+
+A search backend explores a space; what an expert wrote down is a plan the
+user already trusts. Before `plan --solver cpsat|mcts` searches, every named
+schedule written without an auto tactic is planned as written and priced
+(the tabulated cost model, `costmodel.table`, which equals the lowered
+program's cost; for a pipelined spec its pipeline schedule's step time).
+The fastest that fits is
+
+  - the search's starting point: CP-SAT's hint and objective bound, the
+    MCTS's incumbent (`planner._Search`), when it is a plan of the searched
+    program (same rematerialized layers);
+  - the floor of the answer: the planner keeps the expert's plan when no
+    searched plan is faster, and the report says so.
+
+So a search never answers worse than the best schedule the spec names,
+even where that schedule is not a point of the search space (a space that
+folds repeated layers with a period of one layer misses Megatron's
+alternating column and row sharding, for instance).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.table import CostTable
+from ir.core import IRError
+from ir.lower import LowerOptions
+from solver.plan import Plan
+from solver.planning.pipelining import pipelined
+from solver.planning.spec import Spec, SpecError
+from solver.planning.tactics import Auto, Pin, apply_schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Expert:
+    """One named schedule priced as written."""
+
+    schedule: str
+    remat: tuple[str, ...]
+    step_time_s: float | None  # None: it failed to plan
+    peak_memory_bytes: int | None
+    fits: bool
+    plan: Plan | None
+    error: str = ""  # why it could not be planned
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schedule": self.schedule, "remat": list(self.remat), "step_time_s": self.step_time_s,
+                "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits, "error": self.error or None}
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The named schedules priced (`experts`, in the spec's order) and the
+    fastest that fits (`best`, None if none does)."""
+
+    experts: tuple[Expert, ...]
+    best: Expert | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"best": self.best.schedule if self.best else None,
+                "best_step_time_s": self.best.step_time_s if self.best else None,
+                "schedules": [e.to_json() for e in self.experts]}
+
+
+def manual_schedules(spec: Spec) -> list[str]:
+    """The named schedules without an auto tactic: plans an expert wrote."""
+    return [name for name in spec.schedules if not any(isinstance(t, Auto) for t in spec.tactics(name))]
+
+
+def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None) -> Floor:
+    """Price every manual named schedule of `spec` (module docstring).
+    `prepare(remat)` gives the program with those layers rematerialized
+    (`planner.prepare`, memoized by the caller)."""
+    hardware = spec.hardware_obj()
+    mesh = spec.sharding_mesh()
+    tables: dict[tuple[str, ...], CostTable] = {}
+    experts = []
+    for name in manual_schedules(spec):
+        remat = spec.remat(name)
+        try:
+            prepared = prepare(remat)
+            pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
+            plan = apply_schedule(prepared.nda, mesh, pins + spec.tactics(name))
+            if spec.stages > 1:
+                _, cost = pipelined(spec, prepared.model, prepared.nda, plan, hardware, options)
+                step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
+            else:
+                if remat not in tables:
+                    tables[remat] = CostTable(prepared.model.function, prepared.nda, mesh, hardware)
+                cost = tables[remat].evaluate(plan.materialize(prepared.nda))
+                step, peak, fits = cost.step_time_s, cost.peak_memory_bytes, cost.fits
+        except (IRError, SpecError) as exc:  # a schedule that cannot be planned is no floor
+            experts.append(Expert(name, remat, None, None, False, None, str(exc)))
+            continue
+        experts.append(Expert(name, remat, step, peak, fits, plan))
+    fitting = [e for e in experts if e.fits and e.step_time_s is not None and math.isfinite(e.step_time_s)]
+    best = min(fitting, key=lambda e: (e.step_time_s, len(e.remat))) if fitting else None
+    return Floor(tuple(experts), best)
