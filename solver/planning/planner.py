@@ -84,8 +84,6 @@ class SearchOverrides:
 ALL_LAYERS = ("layers.*",)
 # The rematerializations a search tries when memory shaped its plan: every other layer, then every layer.
 REMAT_CHOICES = (("layers.*[02468]",), ALL_LAYERS)
-# An MCTS plan whose peak reaches this fraction of the capacity was shaped by memory.
-MEMORY_BINDS = 0.8
 # CP-SAT's best plans of the whole step a pipelined spec's schedule re-ranks (the search does not see stages).
 PIPELINE_RERANK = 4
 
@@ -189,17 +187,11 @@ def _floor_or_raise(spec: Spec, options: LowerOptions | None, progress: Progress
 
 
 def _memory_binds(planned: Planned) -> bool:
-    """Memory shaped the searched plan. CP-SAT says so exactly: its first
-    solve ignores memory, so without memory cuts its optimum is the best
-    plan of the program whatever the capacity, and recomputing layers only
-    adds flops to it. The MCTS proves nothing, so for it a peak near the
-    capacity is the sign."""
-    if any(getattr(r, "memory_cuts", 0) for r in planned.search):
-        return True
-    if all(r.solver == "cpsat" for r in planned.search):
-        return False
-    cost = planned.assessment.cost
-    return cost.peak_memory_bytes >= MEMORY_BINDS * cost.capacity_bytes
+    """Memory shaped the searched plan: CP-SAT added memory cuts (its first
+    solve ignores memory, so without cuts its optimum is the best plan of the
+    program whatever the capacity, and recomputing layers only adds flops to
+    it); the MCTS priced a faster plan that did not fit."""
+    return any(getattr(r, "memory_cuts", 0) or getattr(r, "memory_shaped", False) for r in planned.search)
 
 
 def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,

@@ -170,6 +170,7 @@ class MctsReport:
     space: int  # decision variables: (group, axis) pairs and free resolution bits
     smallest_peak_bytes: int | None
     incumbent_s: float | None  # the incumbent's step time (None: no incumbent was given)
+    memory_shaped: bool  # a plan priced that does not fit is faster than the answer
     stopped_by: str  # no-improvement | iterations | time-limit
     message: str
 
@@ -220,6 +221,7 @@ class _Mcts:
         self.merged = 0
         self.best: tuple[_Priced, Point, np.ndarray] | None = None
         self.incumbent: _Priced | None = None
+        self.fastest_s = math.inf  # the fastest plan priced, fitting or not
         self.smallest: tuple[int, Point, np.ndarray] | None = None
 
     # ------------------------------------------------------------ states
@@ -269,6 +271,7 @@ class _Mcts:
                 self.best = (priced, point, codes)
             if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
                 self.smallest = (cost.peak_memory_bytes, point, codes)
+            self.fastest_s = min(self.fastest_s, cost.step_time_s)
         return priced
 
     # ------------------------------------------------------------ one trajectory
@@ -468,7 +471,10 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
                   actions=len(search.actions), pruned=search.pruned,
                   space=len(space.variables) + len(space.free_classes),
                   smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by,
-                  incumbent_s=search.incumbent.cost.step_time_s if search.incumbent else None)
+                  incumbent_s=search.incumbent.cost.step_time_s if search.incumbent else None,
+                  # Memory shaped the answer when a faster plan was rejected for it (what the planner's
+                  # rematerialization search asks; CP-SAT's memory cuts say the same exactly).
+                  memory_shaped=search.fastest_s < priced.cost.step_time_s * (1 - 1e-9))
     tried = f"in {done} trajectories ({len(search.prices)} plans priced)"
     if priced.cost.fits:
         plan = space.plan(point)
