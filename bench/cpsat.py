@@ -74,7 +74,8 @@ def measure(model_name: str, mesh_name: str, time_limit: float) -> dict:
                         "fits": cost.fits, "efficiency": ideal / cost.step_time_s}
     fitting = {k: v for k, v in manual.items() if v["fits"]}
     best = min(fitting, key=lambda k: fitting[k]["step_time_s"]) if fitting else None
-    space = SearchSpace(nda, apply_schedule(nda, mesh, []), mesh.names, data_inputs=step.inputs)
+    space = SearchSpace(nda, apply_schedule(nda, mesh, []), mesh.names, data_inputs=step.inputs,
+                        optimizer_state=step.state)
     hint = None
     if best:
         best_plan = apply_schedule(nda, mesh, manual_schedules(mesh, config.get("gated_mlp", False))[best])

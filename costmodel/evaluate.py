@@ -128,6 +128,20 @@ def peak_memory_bytes(fn: Function) -> int:
     return _peak(fn)[0]
 
 
+def min_peak_memory_bytes(fn: Function, devices: int) -> int:
+    """A lower bound of the peak memory per device of every partitioning of
+    the global program `fn` over `devices` devices: its liveness with every
+    value split evenly (`ideal_step_time_s`'s counterpart). No local value is
+    smaller (a tensor's dimensions are split over distinct mesh axes, at most
+    all of them), and at each op of the global program the partitioned one
+    holds a local form of every value live there (its own, its partial sum
+    reduced, or a resharding's result) beside parameters and collective
+    temporaries. The planner skips searching a program whose bound exceeds
+    the capacity: no plan of it can fit (tests/test_remat.py checks the bound
+    against brute force)."""
+    return _peak(fn, devices)[0]
+
+
 def live_at_peak(fn: Function) -> tuple[int, list[tuple[str, int]]]:
     """The peak of `peak_memory_bytes` and the values live there (name,
     bytes), largest first: what dominates a program's memory."""
@@ -138,9 +152,10 @@ def live_at_peak(fn: Function) -> tuple[int, list[tuple[str, int]]]:
     return peak, sorted(values, key=lambda nb: -nb[1])
 
 
-def _peak(fn: Function) -> tuple[int, int, dict]:
+def _peak(fn: Function, devices: int = 1) -> tuple[int, int, dict]:
     """(peak live bytes, the op index where it is first reached or -1 before
-    any op, each value's last use: n for results)."""
+    any op, each value's last use: n for results), every value's bytes split
+    over `devices`."""
     n = len(fn.ops)
     last: dict = {}
     for i, op in enumerate(fn.ops):
@@ -148,11 +163,11 @@ def _peak(fn: Function) -> tuple[int, int, dict]:
             last[v] = i
     for r in fn.results:
         last[r] = n
-    resident = sum(p.type.num_bytes for p in fn.params)
+    resident = sum(p.type.num_bytes // devices for p in fn.params)
     delta = [0] * (n + 2)
     for i, op in enumerate(fn.ops):
         for r in op.results:
-            nbytes = r.type.num_bytes
+            nbytes = r.type.num_bytes // devices
             delta[i] += nbytes
             delta[max(last.get(r, i), i) + 1] -= nbytes
     peak = live = resident

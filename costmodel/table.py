@@ -37,19 +37,19 @@ Modelled lowering: the default `LowerOptions()` (resharding at each use).
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.evaluate import COMMUNICATION, Cost, make_cost, op_time_s
+from costmodel.evaluate import Cost, make_cost, op_time_s
 from costmodel.hardware import Hardware
 from costmodel.table_kernels import FusedKernels
+from costmodel.table_walk import Walk
 from ir import ops
 from ir.core import Function, IRError, Mesh, TensorType
-from ir.lower import FLOWING_KINDS, LoweringError, Step, flowing_partial, redistribute_steps, reduce_steps
+from ir.lower import FLOWING_KINDS, Step, redistribute_steps, reduce_steps
 from ir.nda import NDA
 from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 
@@ -113,6 +113,12 @@ class CostTable:
                           if (keep := ~self.kernels.fused[members]).any()]
         types: dict[TensorType, int] = {}
         self.type_id_of = [types.setdefault(v.type, len(types)) for v in self.values]
+        self.type_id, self.num_types = np.array(self.type_id_of, dtype=np.int64), len(types)
+        self.combiner_names = sorted({"sum", *self.op_combiner})
+        self.combiner_id = {c: k for k, c in enumerate(self.combiner_names)}
+        # For the walk's per-value maxima over uses: the uses grouped by value, and where each group starts.
+        self.edges_by_value = np.argsort(self.edge_vid, kind="stable")
+        self.used_values, self.first_use_of = np.unique(self.edge_vid[self.edges_by_value], return_index=True)
         if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
             raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
                                       f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
@@ -132,6 +138,9 @@ class CostTable:
             self.def_ic[k, : v.type.rank] = nda.name_iclass[base: base + v.type.rank]
         self.global_bytes = np.array([v.type.num_bytes for v in self.values], dtype=np.int64)
         self.result_vids = [self.vid[r] for r in fn.results]
+        self.result_order: dict[int, int] = {}  # vid -> its first position among the results
+        for k, v in enumerate(self.result_vids):
+            self.result_order.setdefault(v, k)
 
     def _index_edges(self) -> None:
         fn, nda = self.fn, self.nda
@@ -226,12 +235,10 @@ class CostTable:
         codes = np.append(codes, 0)  # the sentinel I-class
         by_kind: Counter[str] = Counter()
         flops = self._compute(codes, by_kind)
-        value_bytes = self.global_bytes // np.prod(self.code_size[codes[self.def_ic]], axis=1)
-        run = _Run(self, codes, value_bytes)
+        run = Walk(self, codes, self._value_bytes(codes))
         run.partial_sums()
         run.communication(by_kind)
-        cut = [c.edge for chains in run.chains.values() for c in chains]
-        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, cut, by_kind)
+        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges.tolist(), by_kind)
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         peak = run.peak_memory_bytes()
         return make_cost(by_kind, peak, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops)
@@ -244,12 +251,18 @@ class CostTable:
     def first_step_bytes(self, codes: np.ndarray) -> dict[int, int]:
         """Per use (edge) with collectives in front of it under the plan `codes`
         (with the sentinel): the local bytes of the first one's result."""
-        run = self._walk(codes, communication=True)
-        return {c.edge: c.priced.result_bytes[0] for chains in run.chains.values() for c in chains}
+        return self._walk(codes, communication=True).first_step_bytes()
 
-    def _walk(self, codes: np.ndarray, communication: bool) -> _Run:
-        value_bytes = self.global_bytes // np.prod(self.code_size[codes[self.def_ic]], axis=1)
-        run = _Run(self, codes, value_bytes)
+    def _value_bytes(self, codes: np.ndarray) -> np.ndarray:
+        """Each value's local bytes: its global bytes over its dimensions' group sizes."""
+        sizes = self.code_size[codes[self.def_ic]]
+        groups = sizes[:, 0].copy()
+        for d in range(1, sizes.shape[1]):
+            groups *= sizes[:, d]
+        return self.global_bytes // groups
+
+    def _walk(self, codes: np.ndarray, communication: bool) -> Walk:
+        run = Walk(self, codes, self._value_bytes(codes))
         run.partial_sums()
         if communication:
             run.communication(Counter())
@@ -336,186 +349,6 @@ class CostTable:
         return _ChainCost(tuple(kinds), tuple(seconds), tuple(sizes))
 
 
-class _Run:
-    """One evaluation's dynamic state: partial sums, active edges, positions."""
-
-    def __init__(self, table: CostTable, codes: np.ndarray, value_bytes: np.ndarray) -> None:
-        self.t, self.codes, self.value_bytes = table, codes, value_bytes
-        self.partial: dict[int, int] = {}  # vid -> pending partial axes (bit mask)
-        self.combiner: dict[int, str] = {}
-        self.flowing_ops: set[int] = set()  # ops a partial operand flows through
-        self.counts: Counter[str] = Counter()
-        self.steps = 0  # collectives (all_slice included) the lowering emits
-
-    def partial_sums(self) -> None:
-        """Which values are partial sums: walk, in program order, only the ops
-        that own a sharded reduction or consume a partial value. Partial axes
-        are bit masks over the mesh axes here."""
-        t, codes = self.t, self.codes
-        own = np.bitwise_or.reduce(t.code_mask[codes[t.reduction_ic]], axis=1)
-        self.want_mask = np.bitwise_or.reduce(t.code_mask[codes[t.use_ic]], axis=1).tolist()
-        heap = np.flatnonzero(own).tolist()
-        queued = set(heap)
-        own = own.tolist()
-        can_flow, flow_users, combiner_of, first = t.can_flow, t.flow_users, t.op_combiner, t.num_params
-        while heap:
-            i = heapq.heappop(heap)
-            flowing = self._flowing(i) if can_flow[i] else 0
-            if flowing and own[i] and combiner_of[i] != "sum":
-                raise LoweringError(f"{t.fn.ops[i].describe()}: cannot combine a flowing sum with a "
-                                    f"{combiner_of[i]} reduction")
-            mask = flowing | own[i]
-            if mask:
-                vid = first + i
-                self.partial[vid] = mask
-                self.combiner[vid] = combiner_of[i] if own[i] else "sum"
-                for user in flow_users[vid]:
-                    if user not in queued:
-                        queued.add(user)
-                        heapq.heappush(heap, user)
-
-    def _flowing(self, i: int) -> int:
-        """The partial axes (mask) flowing through op i; decided by the
-        lowering's `flowing_partial`, memoized on what it looks at."""
-        t = self.t
-        vids = t.op_vids[i]
-        # A partial operand with an earlier use was reduced there (the lowering reduces once).
-        masks = tuple(self.partial.get(v, 0) if t.first_user[v] == i else 0 for v in vids)
-        if not any(masks) or any(m and t.use_count_of[v] != 1 for v, m in zip(vids, masks)):
-            return 0
-        edges = t.op_edges[i]
-        combiners = tuple(self.combiner.get(v, "sum") for v in vids)
-        key = (t.op_signature_of[i], masks, combiners, tuple(self.want_mask[e] for e in edges))
-        flowing = t._flow_memo.get(key)
-        if flowing is None:
-            wants = [t.want_dims(e, self.codes) for e in edges]
-            axes = flowing_partial(t.fn.ops[i], [t.mask_axes[m] for m in masks], combiners, wants)
-            flowing = t._flow_memo[key] = sum(t.axis_bit[a] for a in axes)
-        if flowing:
-            self.flowing_ops.add(i)
-        return flowing
-
-    def communication(self, by_kind: Counter[str]) -> None:
-        """Price the collectives of every active edge, in program order.
-        Shardings are packed into one integer per value or use here
-        (`CostTable.pack`), so repeated layers hit the memo."""
-        t, codes = self.t, self.codes
-        def_key = t.pack(codes[t.def_ic])
-        want_key = t.pack(codes[t.use_ic])
-        partial = np.zeros(len(t.values), dtype=bool)
-        partial[list(self.partial)] = True
-        active = np.flatnonzero((def_key[t.edge_vid] != want_key) | partial[t.edge_vid]).tolist()
-        def_key, want_key = def_key.tolist(), want_key.tolist()
-        self.chains: dict[int, list[_Chain]] = defaultdict(list)  # op -> its operands' chains, in order
-        self.reduced: dict[int, tuple[int, int]] = {}  # vid -> (packed dims once reduced, reducing edge or -1)
-        uses: dict[int, list] = {}  # id of a priced chain -> [the chain, how many uses it serves]
-        for e in active:
-            v, i = t.edge_vid_of[e], t.edge_op_of[e]
-            if v in self.reduced:
-                state, mask, combiner = self.reduced[v][0], 0, "sum"
-            elif v in self.partial and i not in self.flowing_ops:
-                state, mask, combiner = def_key[v], self.partial[v], self.combiner[v]
-            else:  # not partial, or flowing through op i unreduced
-                state, mask, combiner = def_key[v], 0, "sum"
-            chain = t.resharding(v, state, mask, combiner, want_key[e])
-            if mask:
-                self.reduced[v] = (chain.reduced, e)
-            if chain.priced.kinds:
-                entry = uses.setdefault(id(chain.priced), [chain.priced, 0])
-                entry[1] += 1
-                self.chains[i].append(_Chain(e, v, chain.priced, chain.reduce_count))
-        for priced, count in uses.values():
-            self._tally(priced, count, by_kind)
-        self.end_chains: list[_Chain] = []  # partial results reduced after the last op
-        for v in t.result_vids:
-            if v in self.partial and v not in self.reduced:
-                state = def_key[v]
-                chain = t.resharding(v, state, self.partial[v], self.combiner[v], state)
-                self.reduced[v] = (chain.reduced, -1)
-                self._tally(chain.priced, 1, by_kind)
-                self.end_chains.append(_Chain(-1, v, chain.priced, chain.reduce_count))
-
-    def _tally(self, priced: _ChainCost, count: int, by_kind: Counter[str]) -> None:
-        """Add `count` uses' worth of a priced chain to the totals."""
-        self.steps += len(priced.kinds) * count
-        for kind, seconds in zip(priced.kinds, priced.seconds):
-            by_kind[kind] += seconds * count
-            if kind in COMMUNICATION:
-                self.counts[kind] += count
-
-    # ------------------------------------------------------------ memory
-
-    def peak_memory_bytes(self) -> int:
-        """Replay the device-local program's positions (module docstring):
-        op i sits after the collectives of its operands' chains; the partial
-        results' reductions follow the last op."""
-        t = self.t
-        n = len(t.fn.ops)
-        emitted = np.zeros(n, dtype=np.int64)
-        for i, chains in self.chains.items():
-            emitted[i] = sum(len(c.priced.kinds) for c in chains)
-        op_pos = np.arange(n, dtype=np.int64) + np.cumsum(emitted)
-        end = (int(op_pos[-1]) + 1 if n else 0) + sum(len(c.priced.kinds) for c in self.end_chains)
-        # Untouched values: from their op to their last user's op, or to the end.
-        lasts = np.where(t.last_user[t.num_params:] >= 0, op_pos[np.maximum(t.last_user[t.num_params:], 0)], op_pos)
-        lasts = np.where(t.is_result[t.num_params:], end - 1, lasts)
-        spans = _Spans()
-        position = op_pos.tolist()
-        chain_at: dict[int, tuple[int, _Chain]] = {}  # edge -> (position of its first step, chain)
-        for i in sorted(self.chains):
-            pos = position[i] - int(emitted[i])
-            for c in self.chains[i]:
-                chain_at[c.edge] = (pos, c)
-                spans.temporaries(pos, c, position[i])
-                pos += len(c.priced.kinds)
-        pos = position[-1] + 1 if n else 0
-        end_at: dict[int, tuple[int, _Chain]] = {}  # vid -> (position of its first step, chain)
-        for c in self.end_chains:
-            end_at[c.value] = (pos, c)
-            spans.temporaries(pos, c, end - 1)
-            pos += len(c.priced.kinds)
-        touched = {c.value for chains in self.chains.values() for c in chains} | set(self.reduced)
-        for v in sorted(touched):
-            own_last, reduced = self._reads(v, position, chain_at, end_at)
-            if reduced is not None:
-                at, last, size = reduced
-                spans.add(at, end - 1 if t.is_result[v] else last, size)
-            elif t.is_result[v]:
-                own_last = end - 1
-            if v >= t.num_params:
-                row = v - t.num_params
-                lasts[row] = max(own_last, position[row])
-        resident = int(self.value_bytes[: t.num_params].sum())
-        return resident + spans.peak(op_pos, lasts, self.value_bytes[t.num_params:], end)
-
-    def _reads(self, v: int, position: list[int], chain_at: dict, end_at: dict):
-        """Last read of value v's own local value and, if v is a reduced
-        partial sum, (definition, last read, bytes) of its reduced value."""
-        t = self.t
-        reducing = self.reduced[v][1] if v in self.reduced else None
-        own_last, reduced_at, reduced_last, reduced_size = -1, -1, -1, 0
-        for e in t.edges_of[v]:
-            i = t.edge_op_of[e]
-            start, c = chain_at.get(e, (position[i], None))
-            if reducing is not None and 0 <= reducing < e:
-                reduced_last = max(reduced_last, start)  # a later use reads the reduced value
-            elif e == reducing:
-                own_last = max(own_last, start)
-                k = c.reduce_count
-                reduced_at, reduced_size = start + k - 1, c.priced.result_bytes[k - 1]
-                reduced_last = max(reduced_last, start + k if k < len(c.priced.kinds) else position[i])
-            else:
-                own_last = max(own_last, start)
-        if reducing == -1:
-            start, c = end_at[v]
-            own_last = max(own_last, start)
-            reduced_at = start + c.reduce_count - 1
-            reduced_size = c.priced.result_bytes[-1]
-        if reducing is None:
-            return own_last, None
-        return own_last, (reduced_at, max(reduced_last, reduced_at), reduced_size)
-
-
 @dataclass(frozen=True, slots=True)
 class _Resharding:
     """A memoized resharding: its priced steps, how many of them reduce a
@@ -524,49 +357,3 @@ class _Resharding:
     priced: _ChainCost
     reduce_count: int
     reduced: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Chain:
-    """The collectives in front of one use (edge) of value `value`; the
-    first `reduce_count` of them reduce its partial sum."""
-
-    edge: int
-    value: int
-    priced: _ChainCost
-    reduce_count: int
-
-
-class _Spans:
-    """Live ranges of the local values the tabulated walk creates (reduced
-    partial sums and collective temporaries), merged with the op results'."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.lasts: list[int] = []
-        self.sizes: list[int] = []
-
-    def add(self, start: int, last: int, size: int) -> None:
-        self.starts.append(start)
-        self.lasts.append(last)
-        self.sizes.append(size)
-
-    def temporaries(self, pos: int, chain: _Chain, consumer: int) -> None:
-        """Each step's result lives to the next step, the last one to its
-        consumer; the step that yields a reduced partial sum is not a
-        temporary (the caller records that value)."""
-        count = len(chain.priced.kinds)
-        for k, size in enumerate(chain.priced.result_bytes):
-            if chain.reduce_count and k == chain.reduce_count - 1:
-                continue
-            self.add(pos + k, pos + k + 1 if k + 1 < count else consumer, size)
-
-    def peak(self, op_pos: np.ndarray, op_lasts: np.ndarray, op_sizes: np.ndarray, end: int) -> int:
-        if not end:
-            return 0
-        starts = np.concatenate([op_pos, np.array(self.starts, dtype=np.int64)])
-        lasts = np.concatenate([op_lasts, np.array(self.lasts, dtype=np.int64)])
-        sizes = np.concatenate([op_sizes, np.array(self.sizes, dtype=np.int64)]).astype(np.float64)
-        delta = np.bincount(starts, weights=sizes, minlength=end + 1)[: end + 1]
-        delta -= np.bincount(lasts + 1, weights=sizes, minlength=end + 2)[: end + 1]
-        return int(np.cumsum(delta[:end]).max())

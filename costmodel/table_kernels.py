@@ -68,15 +68,22 @@ class FusedKernels:
             self.kernels.append(self._kernel(members, signatures))
             for _, _, edges in self.kernels[-1].links:
                 self.kernel_of_edge[list(edges)] = k
-        # Kernels bucketed by how many I-classes they read, for the vectorized pricing.
-        by_width: dict[int, list[int]] = {}
+        # Every kernel's I-classes in one matrix, padded with the sentinel I-class (code 0 in every plan):
+        # one gather and a few 1-D np.unique per evaluation, rather than one 2-D np.unique per width.
+        width = max((len(k.iclasses) for k in self.kernels), default=1)
+        self.signatures = np.array([k.signature for k in self.kernels], dtype=np.int64)
+        self.iclasses = np.full((len(self.kernels), width), t._sentinel, dtype=np.int64)
         for k, kernel in enumerate(self.kernels):
-            by_width.setdefault(len(kernel.iclasses), []).append(k)
-        self.buckets = [(np.array(ks, dtype=np.int64),
-                         np.array([self.kernels[k].signature for k in ks], dtype=np.int64),
-                         np.array([self.kernels[k].iclasses for k in ks], dtype=np.int64).reshape(len(ks), width))
-                        for width, ks in sorted(by_width.items())]
+            self.iclasses[k, : len(kernel.iclasses)] = kernel.iclasses
+        # Columns packed per chunk: a row's dense id so far (< kernels) times base**chunk stays below the limit.
+        base = max(len(t.axis_tuples), 2)
+        chunk = 1
+        while (len(self.kernels) + 1) * base ** (chunk + 1) < _KEY_LIMIT:
+            chunk += 1
+        self.chunks = [(slice(c, c + chunk), base ** min(chunk, width - c),
+                        base ** np.arange(min(chunk, width - c), dtype=np.int64)) for c in range(0, width, chunk)]
         self.sizes = np.array([len(k.ops) for k in self.kernels], dtype=np.int64)
+        self._cut_memo: dict[tuple, tuple[list[tuple[str, float]], int, int, int]] = {}
         self._memo: dict[tuple, tuple[float, int]] = {}
 
     def _kernel(self, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
@@ -113,31 +120,25 @@ class FusedKernels:
         the pieces' count and how many ops run inside a piece of several."""
         hit = self.kernel_of_edge[np.fromiter(cut_edges, dtype=np.int64, count=len(cut_edges))]
         cut = np.unique(hit[hit >= 0])
-        flops = kernels = fused_ops = 0
-        base = max(len(self.t.axis_tuples), 2)
-        for members, sigs, iclasses in self.buckets:
-            rows = np.column_stack([sigs, codes[iclasses]])
-            reps = members
-            if len(cut):
-                keep = ~np.isin(members, cut)
-                rows, reps = rows[keep], members[keep]
-            if not len(rows):
-                continue
-            width = rows.shape[1]
-            if (len(self.kernels) + 1) * base ** (width - 1) < _KEY_LIMIT:  # one integer per row: faster
-                # The signature (any size) is the most significant digit, each code (< base) one below it.
-                weights = np.append(base ** (width - 1), base ** np.arange(width - 1, dtype=np.int64))
-                keys = rows @ weights
-                _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-            else:
-                _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-            times = np.bincount(inverse.reshape(-1), minlength=len(first))
-            for rep, count in zip(first.tolist(), times.tolist()):
-                seconds, kernel_flops = self._price(int(reps[rep]), tuple(rows[rep].tolist()), (), codes)
-                by_kind[FUSION] += seconds * count
-                flops += kernel_flops * count
-            kernels += len(rows)
-            fused_ops += int(self.sizes[reps].sum())
+        if not self.kernels:
+            return 0, 0, 0
+        keep = np.ones(len(self.kernels), dtype=bool)
+        keep[cut] = False
+        reps = np.flatnonzero(keep)
+        rows = codes[self.iclasses[reps]]
+        # The distinct (signature, codes) rows: a dense id per row, refined chunk by chunk of columns.
+        ids = self.signatures[reps]
+        for columns, scale, weights in self.chunks:
+            _, ids = np.unique(ids * scale + rows[:, columns] @ weights, return_inverse=True)
+        _, first, inverse = np.unique(ids.reshape(-1), return_index=True, return_inverse=True)
+        times = np.bincount(inverse.reshape(-1), minlength=len(first))
+        flops = 0
+        for rep, count in zip(first.tolist(), times.tolist()):
+            k = int(reps[rep])
+            seconds, kernel_flops = self._price(k, (int(self.signatures[k]), *rows[rep].tolist()), (), codes)
+            by_kind[FUSION] += seconds * count
+            flops += kernel_flops * count
+        kernels, fused_ops = len(reps), int(self.sizes[reps].sum())
         cut_set = set(cut_edges)
         for k in cut.tolist():
             f, n, fused = self._evaluate_cut(k, codes, cut_set, by_kind)
@@ -147,10 +148,16 @@ class FusedKernels:
     def _evaluate_cut(self, k: int, codes: np.ndarray, cut: set[int], by_kind: Counter[str]) -> tuple[int, int, int]:
         kernel = self.kernels[k]
         broken = tuple(n for n, (_, _, edges) in enumerate(kernel.links) if any(e in cut for e in edges))
-        pieces = self.price_pieces(k, codes, broken)
-        for kind, seconds, _, _ in pieces:
+        key = (kernel.signature, broken, *codes[self.iclasses[k]].tolist())
+        term = self._cut_memo.get(key)
+        if term is None:  # a cut kernel of a repeated layer is cut alike in every layer
+            pieces = self.price_pieces(k, codes, broken)
+            term = self._cut_memo[key] = ([(kind, seconds) for kind, seconds, _, _ in pieces],
+                                          sum(f for _, _, f, _ in pieces), len(pieces),
+                                          sum(n for kind, _, _, n in pieces if kind == FUSION))
+        for kind, seconds in term[0]:
             by_kind[kind] += seconds
-        return (sum(f for _, _, f, _ in pieces), len(pieces), sum(n for kind, _, _, n in pieces if kind == FUSION))
+        return term[1:]
 
     def price_pieces(self, k: int, codes: np.ndarray, broken: tuple[int, ...]) -> list[tuple[str, float, int, int]]:
         """Kernel k with its links `broken` (positions in `links`) cut: per piece,

@@ -50,8 +50,11 @@ class Plan:
                 out["only"] = d.only
                 out["spread"] = d.spread
             if nda is not None:
-                out["what"] = _describe(nda, d)
-                out["pattern"] = _pattern(nda, d)
+                # Parameter dimensions kept whole along the axis are not what the decision shards (a
+                # search's ZeRO level keeps the weights whole and shards their optimizer state).
+                kept = {k for k, a in self.replicated if a == d.axis}
+                out["what"] = _describe(nda, d, kept)
+                out["pattern"] = _pattern(nda, d, kept)
             return out
 
         return {
@@ -74,16 +77,16 @@ class Plan:
         return Plan(mesh, decisions, resolutions, replicated)
 
 
-def _pattern(nda: NDA, d: Decision) -> str | None:
+def _pattern(nda: NDA, d: Decision, kept: set[int] = frozenset()) -> str | None:
     """What a decision shards with its layer numbers as `*`: the first
-    parameter dimension of its color (`layers.*.attn.wv[1]`), or the pinned
-    I-class's description (`%layers.*.attn.wq[1] and onward`). The decisions
-    of repeated layers share it, which is how the text report groups them.
-    None for a color no parameter carries."""
+    parameter dimension of its color not `kept` whole (`layers.*.attn.wv[1]`),
+    or the pinned I-class's description (`%layers.*.attn.wq[1] and onward`).
+    The decisions of repeated layers share it, which is how the text report
+    groups them. None for a color no parameter carries."""
     if d.only is not None:
         return _LAYER.sub("*", _describe(nda, d))
-    first = next(((v, k) for v in nda.function.params for k in range(v.type.rank) if nda.def_color(v, k) == d.color),
-                 None)
+    first = next(((v, k) for v in nda.function.params for k in range(v.type.rank)
+                  if nda.def_color(v, k) == d.color and nda.def_iclass(v, k) not in kept), None)
     if first is None:
         return None
     return _LAYER.sub("*", first[0].name) + f"[{first[1]}]"
@@ -92,9 +95,9 @@ def _pattern(nda: NDA, d: Decision) -> str | None:
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.|\[|$)")  # a number between dots: a layer index
 
 
-def _describe(nda: NDA, d: Decision) -> str:
+def _describe(nda: NDA, d: Decision, kept: set[int] = frozenset()) -> str:
     if d.only is not None:
         return nda.describe_iclass(d.only) + (" and onward" if d.spread else "")
     examples = [f"%{v.name}[{k}]" for v in nda.function.params for k in range(v.type.rank)
-                if nda.def_color(v, k) == d.color][:3]
+                if nda.def_color(v, k) == d.color and nda.def_iclass(v, k) not in kept][:3]
     return f"color #{d.color}" + (f" ({', '.join(examples)})" if examples else "")

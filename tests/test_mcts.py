@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from spmd_check import assert_lowering_matches
-from test_cpsat import CASES, EXECUTION_CASES, EXECUTION_IDS, brute_force, setup, slow_hardware, write_spec
+from test_cpsat import CASES, EXECUTION_CASES, EXECUTION_IDS, ZERO_CASES, brute_force, setup, slow_hardware, write_spec
 
 from costmodel.evaluate import evaluate
 from ir.core import Mesh
@@ -30,6 +30,17 @@ def test_reaches_the_brute_force_optimum_and_prices_like_the_cost_model(name, kw
     lowered = evaluate(lower(model.function, nda, result.sharding).function, table.hardware)
     assert result.report.objective_s == pytest.approx(lowered.step_time_s, rel=1e-9)
     assert result.sharding == result.plan.materialize(nda)
+
+
+@pytest.mark.parametrize("name,kwargs,mesh", ZERO_CASES[:2], ids=["mlp", "deep-mlp"])
+def test_reaches_the_brute_force_optimum_of_a_space_with_zero_levels(name, kwargs, mesh):
+    """Actions set partial levels too: the search reaches the optimum of the
+    enlarged space, which holds a partial level (tests/test_cpsat.py)."""
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
+    result = solve(space, table, MctsOptions(iterations=400, seed=0, min_dims=0))
+    assert result.cost.step_time_s == pytest.approx(brute_force(space, table), rel=1e-12)
+    assert result.sharding == result.plan.materialize(nda)
+    assert space.point_of(result.sharding, dict(result.plan.resolutions)).partial
 
 
 @pytest.mark.parametrize("name,kwargs,mesh", EXECUTION_CASES, ids=EXECUTION_IDS)
@@ -214,8 +225,10 @@ def test_cli_compare_when_nothing_fits(capsys, tmp_path):
                       "model: {kind: nvlink, bandwidth: 1GB/s, latency: 1us}}}\n")
     code, out, _ = shardplan(capsys, "compare", str(spec), "--iterations", "50")
     assert code == 3
+    # 10 KB is below the program's live bytes split evenly over the devices: the planner answers for
+    # both backends without searching (`min_peak_memory_bytes`), and says why.
     assert "CP-SAT: no plan: schedule.0.auto: no plan fits" in out
-    assert "MCTS: no plan: schedule.0.auto: no plan that fits was found" in out
+    assert "MCTS: no plan: schedule.0.auto: no plan fits: 9.77 KiB per device on tiny, and every plan's peak" in out
     assert out.rstrip().endswith("neither backend found a plan")
 
 

@@ -110,7 +110,8 @@ def test_the_best_mesh_is_the_brute_force_best(tmp_path, mesh):
         prepared = prepare(spec)
         mesh_obj = spec.mesh_obj()
         table = CostTable(prepared.model.function, prepared.nda, mesh_obj, spec.hardware_obj())
-        space = SearchSpace(prepared.nda, Plan(mesh_obj), mesh_obj.names, data_inputs=prepared.model.inputs)
+        space = SearchSpace(prepared.nda, Plan(mesh_obj), mesh_obj.names, data_inputs=prepared.model.inputs,
+                            optimizer_state=prepared.model.state)  # the planner's space
         best[candidate] = brute_force(space, table)
     for t in search.tried:
         assert t.step_time_s == pytest.approx(best[t.mesh], rel=1e-12)  # CP-SAT is exact on each mesh

@@ -11,7 +11,7 @@ from test_cpsat import BIG_TRANSFORMER, brute_force, check_consistent
 from test_lower import MESH, _transformer, bp_picks, check_lowering, mp_picks, plan
 from test_table import hardware_for
 
-from costmodel.evaluate import evaluate, peak_memory_bytes
+from costmodel.evaluate import evaluate, min_peak_memory_bytes, peak_memory_bytes
 from costmodel.hardware import preset_hardware
 from costmodel.table import CostTable
 from ir.autodiff import training_step
@@ -219,3 +219,47 @@ def test_the_plan_report_lists_the_remat_search(capsys, tmp_path):
     assert kept[0]["step_time_s"] == pytest.approx(report["cost"]["step_time_s"], rel=1e-12)
     code, out, _ = shardplan(capsys, "plan", str(path), "--solver", "mcts")
     assert "remat searched (memory binds): none no plan fits, layers.*[02468] " in out
+
+
+def test_the_least_peak_bound_is_below_every_plan_and_tight():
+    # `min_peak_memory_bytes`: the program's live bytes split evenly over the devices. Brute force over
+    # every point of the space, as written and with every layer rematerialized: no plan's peak (the
+    # table's, which equals the lowered program's) is below it, and the smallest is within 0.1% of it.
+    from solver.planning.planner import prepare
+
+    spec = parse_spec(FALLBACK.replace("MEMORY", "2.5MB"))
+    mesh = spec.sharding_mesh()
+    for remat in ((), ("layers.*",)):
+        prepared = prepare(spec, remat)
+        fn = prepared.model.function
+        table = CostTable(fn, prepared.nda, mesh, spec.hardware_obj())
+        space = SearchSpace(prepared.nda, Plan(mesh), mesh.names, data_inputs=prepared.model.inputs)
+        smallest = min(table.evaluate(space.codes(p)).peak_memory_bytes for p in space.points())
+        bound = min_peak_memory_bytes(fn, mesh.num_devices)
+        assert bound <= smallest < bound * 1.001
+        assert min_peak_memory_bytes(fn, 1) == peak_memory_bytes(fn)  # one device: the program's own peak
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "mcts"])
+def test_a_program_that_cannot_fit_is_not_searched_and_nothing_changes(monkeypatch, solver):
+    # At 2.5 MB the program as written cannot fit (its bound is 3.01 MB): the remat search skips its
+    # search, and answers exactly what it answers when that program is searched to find nothing.
+    import solver.planning.planner as planner
+    from solver.search import cpsat, mcts
+
+    backend = mcts if solver == "mcts" else cpsat
+    calls = []
+    real = backend.solve
+    monkeypatch.setattr(backend, "solve", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    spec = parse_spec(FALLBACK.replace("MEMORY", "2.5MB"))
+    skipped = plan_spec(spec, solver)
+    searches = len(calls)
+    monkeypatch.setattr(planner._Search, "_check_some_plan_may_fit", lambda self, where: None)
+    searched = plan_spec(spec, solver)
+    assert (searches, len(calls) - searches) == (2, 3)  # every other layer and every layer; the first, too
+    assert skipped.remat_tried == searched.remat_tried and skipped.remat_tried[0] == ((), None)
+    assert skipped.plan == searched.plan and skipped.remat == searched.remat
+    assert skipped.assessment.cost.step_time_s == searched.assessment.cost.step_time_s
+    monkeypatch.undo()
+    with pytest.raises(NoPlanFits, match="every plan's peak is at least 2.87 MiB \\(the program's live bytes"):
+        plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1MB")), solver)

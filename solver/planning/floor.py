@@ -70,10 +70,11 @@ def manual_schedules(spec: Spec) -> list[str]:
     return [name for name in spec.schedules if not any(isinstance(t, Auto) for t in spec.tactics(name))]
 
 
-def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None) -> Floor:
+def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table=None) -> Floor:
     """Price every manual named schedule of `spec` (module docstring).
     `prepare(remat)` gives the program with those layers rematerialized
-    (`planner.prepare`, memoized by the caller)."""
+    (`planner.prepare`, memoized by the caller); `table(remat, hardware)`, if
+    given, its cost table (the planner's, which the search then reuses)."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
@@ -89,7 +90,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None) -> Fl
                 step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:
                 if remat not in tables:
-                    tables[remat] = CostTable(prepared.model.function, prepared.nda, mesh, hardware)
+                    tables[remat] = table(remat, hardware) if table is not None else \
+                        CostTable(prepared.model.function, prepared.nda, mesh, hardware)
                 cost = tables[remat].evaluate(plan.materialize(prepared.nda))
                 step, peak, fits = cost.step_time_s, cost.peak_memory_bytes, cost.fits
         except (IRError, SpecError) as exc:  # a schedule that cannot be planned is no floor

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s, min_peak_memory_bytes
 from costmodel.pipeline import PipelineCost
 from costmodel.simulate import Timeline, simulate
 from ir import ops
@@ -130,12 +130,12 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     `floor`: a fully automatic search starts from, and never answers worse
     than, the fastest named schedule that fits (`solver.planning.floor`)."""
     remat = spec.remat(schedule)
-    programs = _programs(spec, prepared)
+    programs = _Programs(spec, prepared)
     experts = None
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options)
+        experts = expert_floor(spec, programs, options, programs.table)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
@@ -164,16 +164,31 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     return dataclasses.replace(planned, floor=experts, searched_step_s=searched)
 
 
-def _programs(spec: Spec, prepared: Prepared | None) -> Callable[[tuple[str, ...]], Prepared]:
-    """The spec's program with the given layers rematerialized, each built once."""
-    built = {} if prepared is None else {prepared.remat: prepared}
+class _Programs:
+    """The spec's programs by rematerialized layers, each built once, and
+    their cost tables, one per hardware: shared by the floor and the search."""
 
-    def program(remat: tuple[str, ...]) -> Prepared:
-        if remat not in built:
-            built[remat] = prepare(spec, remat)
-        return built[remat]
+    def __init__(self, spec: Spec, prepared: Prepared | None) -> None:
+        self.spec = spec
+        self.built = {} if prepared is None else {prepared.remat: prepared}
+        self.tables: dict[tuple[str, ...], list] = {}  # remat -> [(hardware, CostTable)]
 
-    return program
+    def __call__(self, remat: tuple[str, ...]) -> Prepared:
+        if remat not in self.built:
+            self.built[remat] = prepare(self.spec, remat)
+        return self.built[remat]
+
+    def table(self, remat: tuple[str, ...], hardware) -> Any:
+        from costmodel.table import CostTable
+
+        tables = self.tables.setdefault(remat, [])
+        for built_for, table in tables:
+            if built_for == hardware:
+                return table
+        program = self(remat)
+        table = CostTable(program.model.function, program.nda, self.spec.sharding_mesh(), hardware)
+        tables.append((hardware, table))
+        return table
 
 
 def _floor_or_raise(spec: Spec, options: LowerOptions | None, progress: Progress, programs,
@@ -239,6 +254,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     t0 = time.perf_counter()
     mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
     search = _Search(model, nda, mesh, search_hardware(spec, hardware), progress)
+    search.make_table = lambda: programs.table(remat, search.hardware)
     if spec.stages > 1:
         search.score = lambda plan, _: pipelined_step_s(spec, model, nda, plan, hardware, options)
     if remat in hints:
@@ -299,15 +315,20 @@ class _Search:
         self.score: Callable[[Plan, FactorSharding], float] | None = None
         self.reports: list[Any] = []
         self._table = None
+        self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
+        self._least_peak: int | None = None
 
     def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
         from costmodel.table import CostTable
         from solver.search import cpsat, mcts
         from solver.search.space import SearchSpace
 
+        self._check_some_plan_may_fit(where)
         if self._table is None:
-            self._table = CostTable(self.model.function, self.nda, self.mesh, self.hardware)
-        space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs)
+            self._table = self.make_table() if self.make_table is not None else \
+                CostTable(self.model.function, self.nda, self.mesh, self.hardware)
+        space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs,
+                            optimizer_state=self.model.state)
         try:
             if auto.solver == "mcts":
                 options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed)
@@ -325,6 +346,18 @@ class _Search:
         if result.plan is None:
             raise NoPlanFits(f"{where}: {result.report.message}")
         return result.plan
+
+    def _check_some_plan_may_fit(self, where: str) -> None:
+        """No search when even the program's live bytes split evenly over the
+        devices exceed the capacity: no plan fits (issue 27: the remat search
+        priced hundreds of plans of such programs to find none)."""
+        if self._least_peak is None:
+            self._least_peak = min_peak_memory_bytes(self.model.function, self.mesh.num_devices)
+        capacity = self.hardware.capacity_bytes
+        if self._least_peak > capacity:
+            raise NoPlanFits(f"{where}: no plan fits: {format_bytes(capacity)} per device on {self.hardware.name}, "
+                             f"and every plan's peak is at least {format_bytes(self._least_peak)} (the program's "
+                             f"live bytes split evenly over its {self.mesh.num_devices} devices)")
 
     def _start(self, space) -> Any:
         """The hint as a point of `space` (its nearest: `SearchSpace.point_of`), or None."""

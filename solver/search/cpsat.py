@@ -4,11 +4,15 @@ space (`solver.search.space`) whose objective is the shared cost model.
 Variables (DESIGN.md, "Search backends"):
 
   x[g, a]  shard color group g along mesh axis a (the decision);
+  z[g, a, l] the (g, a) decision reaches at least the partial level l
+           (ZeRO's parts, `solver.search.zero`); x implies every z of its
+           pair, and a wider z the narrower ones;
   r[c]     the bit of resolution class c;
   s[k, a]  derived: an I-class with key k holds axis a. Its definition is
-           `ir.sharding.materialize`'s rule, exactly: x of its group, not
-           deselected by r, the axis not taken by a higher-priority I-class
-           of the same owner, and divisible given the axes it already holds.
+           `ir.sharding.materialize`'s rule, exactly: x of its group (or the z
+           of the narrowest level that holds its part), not deselected by r,
+           the axis not taken by a higher-priority I-class of the same owner,
+           and divisible given the axes it already holds.
 
 Cost terms: `solver.search.cpsat_terms` (op, kernel, edge and end terms,
 each priced by `costmodel.table`, the one pricing function).
@@ -59,6 +63,7 @@ from solver.search.cpsat_terms import Key, Term, TermModel
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
 from solver.search.space import FREE, Point, SearchSpace
+from solver.search.zero import WHOLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ class SolveReport:
     constraints: int
     terms: int
     folded: int  # ops and uses priced by a shared term
-    space: int  # decision variables: (group, axis) pairs and free resolution bits
+    space: int  # decision variables: (group, axis) pairs, their partial levels and free resolution bits
     rounds: int
     memory_cuts: int
     no_goods: int  # plans excluded one by one (the memory bound did not see their overflow)
@@ -120,6 +125,10 @@ class _Cp:
         self.m, self.space = m, m.space
         model = self.model = cp_model.CpModel()
         self.x = {v: model.NewBoolVar(f"x{v[0]}_{v[1]}") for v in self.space.variables}
+        self.z = {v: model.NewBoolVar(f"z{v[0]}_{v[1]}_{v[2]}") for v in self.space.partial_variables}
+        for g, a, level in self.space.partial_variables:  # a level holds the narrower ones
+            wider = min(w for w in self.space.options[(g, a)] if w > level)
+            model.AddImplication(self._reaches(g, a, wider), self.z[(g, a, level)])
         self.r = {c: model.NewBoolVar(f"r{c}") for c in self.space.free_classes}
         self.s = {(kid, i): model.NewBoolVar(f"s{kid}_{i}")
                   for kid, key in enumerate(m.keys) for i, st in enumerate(key.status) if st == FREE}
@@ -159,7 +168,7 @@ class _Cp:
         """s[kid, i] <=> x and not deselected and no higher key holds the axis and divisible."""
         model, s = self.model, self.s[(kid, i)]
         axis = self.space.axes[i]
-        x = self.x[(key.group, axis)]
+        x = self._reaches(key.group, axis, key.level[i])
         ok = [self.r[c].Not() if b == 1 else self.r[c] for c, b in key.desel]
         higher = [self.s[(j, i)] for j in key.higher if (j, i) in self.s]
         blocking = []
@@ -179,6 +188,10 @@ class _Cp:
         for h in higher:
             model.AddBoolOr([s.Not(), h.Not()])
         model.AddBoolOr([s, x.Not()] + [lit.Not() for lit in ok] + higher + blocking)
+
+    def _reaches(self, group: int, axis: str, level: int):
+        """The literal "the (group, axis) decision reaches `level`"."""
+        return self.x[(group, axis)] if level == WHOLE else self.z[(group, axis, level)]
 
     def _literals(self, term: Term, taken: tuple[frozenset[str], ...], inputs: tuple) -> list:
         """The conjunction that says this combination holds."""
@@ -220,6 +233,9 @@ class _Cp:
         if point is not None:
             for v, var in self.x.items():
                 self.model.AddHint(var, v in point.sharded)
+            levels = point.levels()
+            for (g, a, level), var in self.z.items():
+                self.model.AddHint(var, levels.get((g, a), 0) >= level)
             bits = dict(point.bits)
             for c, var in self.r.items():
                 self.model.AddHint(var, bits.get(c, 0))
@@ -241,10 +257,15 @@ class _Cp:
         if name not in ("optimal", "feasible"):
             return name, None, None, None
         sharded = frozenset(v for v, var in self.x.items() if solver.Value(var))
+        reached: dict[tuple[int, str], int] = {}
+        for (g, a, level), var in self.z.items():
+            if solver.Value(var) and (g, a) not in sharded:
+                reached[(g, a)] = max(reached.get((g, a), 0), level)
         bits = tuple((c, solver.Value(var)) for c, var in self.r.items())
         objective = self.step_time_s(solver.ObjectiveValue())
         bound = self.step_time_s(solver.BestObjectiveBound())
-        return name, Point(sharded, bits), objective, bound
+        partial = frozenset((g, a, level) for (g, a), level in reached.items())
+        return name, Point(sharded, bits, partial), objective, bound
 
     def step_time_s(self, objective: float) -> float:
         return self.constant_s + objective * self.unit
@@ -253,6 +274,8 @@ class _Cp:
         """A no-good cut: this point does not fit."""
         bits = dict(point.bits)
         lits = [var.Not() if v in point.sharded else var for v, var in self.x.items()]
+        levels = point.levels()
+        lits += [var.Not() if levels.get((g, a), 0) >= level else var for (g, a, level), var in self.z.items()]
         lits += [var.Not() if bits.get(c, 0) else var for c, var in self.r.items()]
         self.model.AddBoolOr(lits)
 
@@ -351,7 +374,8 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     folded = sum(t.mult - 1 for t in m.terms.values() if t.kind != "param")
     common = dict(solver="cpsat", axes=space.axes, solve_s=solve_s, build_s=build_s, variables=variables,
                   constraints=constraints, terms=len(m.terms), folded=folded,
-                  space=len(space.variables) + len(space.free_classes), rounds=loop.rounds,
+                  space=len(space.variables) + len(space.partial_variables) + len(space.free_classes),
+                  rounds=loop.rounds,
                   memory_cuts=cp.memory_cuts, no_goods=loop.no_goods,
                   smallest_peak_bytes=loop.smallest[0] if loop.smallest else None)
     found = loop.with_incumbent(incumbent)

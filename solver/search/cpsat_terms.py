@@ -55,6 +55,10 @@ class Key:
     desel: tuple[tuple[int, int], ...]  # (free class, the bit that deselects it)
     nondiv: tuple[tuple[frozenset[str], ...], ...]  # per auto axis: earlier axes it cannot be combined with
     higher: tuple[int, ...]  # keys of the owner's I-classes that take an axis first
+    # Per auto axis: the level its group's decision needs to shard it (solver.search.zero: the
+    # narrowest level the space offers that holds its part; WHOLE where none is narrower).
+    level: tuple[int, ...] = ()
+    order: tuple[str, ...] = ()  # the auto axes in the order it takes them (the space's "Axis order")
 
 
 @dataclass(slots=True)
@@ -149,9 +153,10 @@ class TermModel:
             return Key(-1, base, status, (), (), ())
         desel = tuple((c, b) for c in space.free_classes for b in (0, 1) if k in self.nda.resolutions(c)[b])
         held = space.mesh.group_size(base)
+        order = space.axis_order(ic.color)
         nondiv = []
         for i, a in enumerate(self.axes):
-            earlier = [b for b, st in zip(self.axes[:i], status) if st == FREE]
+            earlier = [b for b in order[:order.index(a)] if status[self.axes.index(b)] == FREE]
             sets: list[frozenset[str]] = []
             if status[i] == FREE:
                 for n in range(1, len(earlier) + 1):
@@ -163,11 +168,13 @@ class TermModel:
             nondiv.append(tuple(sets))
         higher = tuple(sorted({j for j in above
                                if any(x == FREE and y == FREE for x, y in zip(self.keys[j].status, status))}))
-        return Key(space.group_of[ic.color], base, status, desel, tuple(nondiv), higher)
+        group = space.group_of[ic.color]
+        level = tuple(space.level_of(group, a, space.part[k]) if st == FREE else 0 for a, st in zip(self.axes, status))
+        return Key(group, base, status, desel, tuple(nondiv), higher, level, order)
 
     def code_of_key(self, kid: int, taken: frozenset[str]) -> int:
         key = self.keys[kid]
-        return self.t.code_of[key.base + tuple(a for a in self.axes if a in taken)]
+        return self.t.code_of[key.base + tuple(a for a in key.order if a in taken)]
 
     def divisible(self, kid: int, taken: frozenset[str]) -> bool:
         key = self.keys[kid]
@@ -192,23 +199,29 @@ class TermModel:
                     closure.add(j)
                     stack.append(j)
         order = sorted(closure)  # a key's higher keys were interned first
-        groups = sorted({self.keys[k].group for k in order})
+        # Per group, the levels its keys here need: the group's decision reaches none, some or all of them.
+        needs: dict[int, set[int]] = {}
+        for k in order:
+            needs.setdefault(self.keys[k].group, set()).add(self.keys[k].level[i])
+        groups = sorted(needs)
+        reachable = [(0, *sorted(needs[g])) for g in groups]
         classes = sorted({c for k in order for c, _ in self.keys[k].desel})
         fails = [k for k in order if self.keys[k].nondiv[i]]
-        n = len(groups) + len(classes) + len(fails)
-        if n > _ENUMERATION_BITS:
+        n = len(classes) + len(fails)
+        if math.prod(map(len, reachable)) * 2 ** n > 2 ** _ENUMERATION_BITS:
             return list(itertools.product((0, 1), repeat=len(free)))
         found = set()
-        for bits in itertools.product((0, 1), repeat=n):
-            x = dict(zip(groups, bits))
-            r = dict(zip(classes, bits[len(groups):]))
-            fail = dict(zip(fails, bits[len(groups) + len(classes):]))
-            s: dict[int, int] = {}
-            for k in order:
-                key = self.keys[k]
-                s[k] = int(x[key.group] and all(r[c] != b for c, b in key.desel) and not fail.get(k, 0)
-                           and not any(s.get(j, 0) for j in key.higher))
-            found.add(tuple(s[k] for k in free))
+        for levels in itertools.product(*reachable):
+            x = dict(zip(groups, levels))
+            for bits in itertools.product((0, 1), repeat=n):
+                r = dict(zip(classes, bits))
+                fail = dict(zip(fails, bits[len(classes):]))
+                s: dict[int, int] = {}
+                for k in order:
+                    key = self.keys[k]
+                    s[k] = int(x[key.group] >= key.level[i] and all(r[c] != b for c, b in key.desel)
+                               and not fail.get(k, 0) and not any(s.get(j, 0) for j in key.higher))
+                found.add(tuple(s[k] for k in free))
         return sorted(found)
 
     def key_combos(self, keys: tuple[int, ...]) -> list[tuple[frozenset[str], ...]]:

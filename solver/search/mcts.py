@@ -2,26 +2,28 @@
 tactic's search space (`solver.search.space`), priced by the shared cost table.
 
 Actions. An action is (color group, resolution of the group's conflicts,
-mesh axis): shard every color of the group along the axis, and fix the bit
-of each free resolution class whose conflicts lie in those colors (one
-action per combination of bits, for at most `_RESOLVED_CLASSES` classes;
-classes beyond that stay free for a later action). Groups are the space's:
-colors of repeated layers' parameter groups are one group, so one action
-mirrors the decision across the layers. Actions are precomputed once from
-the NDA; those touching fewer than `min_dims` dimension names are dropped
-(TOAST's pruning: they cannot matter to the step time). In a state, an
-action is invalid if its (group, axis) is already set, if it contradicts a
-bit fixed earlier, or if it leaves the factor sharding unchanged (every
-I-class it would shard is taken, deselected or indivisible). A stop action
-ends the trajectory; trajectories are at most `max_depth` actions long.
+mesh axis, level): shard every color of the group along the axis (at a
+partial level, only ZeRO's part of them, `solver.search.zero`; a later
+action may widen the level), and fix the bit of each free resolution class
+whose conflicts lie in those colors (one action per combination of bits,
+for at most `_RESOLVED_CLASSES` classes; classes beyond that stay free for
+a later action). Groups are the space's: colors of repeated layers'
+parameter groups are one group, so one action mirrors the decision across
+the layers. Actions are precomputed once from the NDA; those touching fewer
+than `min_dims` dimension names are dropped (TOAST's pruning: they cannot
+matter to the step time). In a state, an action is invalid if its (group,
+axis) is already set at its level or a wider one, if it contradicts a bit
+fixed earlier, or if it leaves the factor sharding unchanged (every I-class
+it would shard is taken, deselected or indivisible). A stop action ends the
+trajectory; trajectories are at most `max_depth` actions long.
 
-States. A state is the space's `Point` (the (group, axis) pairs set and the
-bits fixed so far). Its plan appends whole-color decisions in the space's
-fixed priority order, so the factor sharding does not depend on the order
-in which actions were taken. The transposition table is keyed by the
-canonical state: the factor sharding (as codes) and the fixed bits. Action
-orders that reach the same sharding share one node and its statistics; the
-tree is a DAG.
+States. A state is the space's `Point` (the (group, axis) pairs set, at
+their levels, and the bits fixed so far). Its plan appends whole-color
+decisions in the space's fixed order, so the factor sharding does not
+depend on the order in which actions were taken. The transposition table is
+keyed by the canonical state: the factor sharding (as codes) and the fixed
+bits. Action orders that reach the same sharding share one node and its
+statistics; the tree is a DAG.
 
 Search. Trajectories run in rounds of `round_iterations`. Each trajectory
 selects by UCT from the round's root through expanded nodes, expands one
@@ -111,6 +113,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.space import Point, SearchSpace
+from solver.search.zero import WHOLE
 
 # An action fixes the bits of at most this many resolution classes (2**this variants).
 _RESOLVED_CLASSES = 3
@@ -139,11 +142,12 @@ class MctsOptions:
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """Shard the colors of `group` along `axis`, fixing the resolution `bits` (class, bit)."""
+    """Shard the colors of `group` along `axis` up to `level`, fixing the resolution `bits` (class, bit)."""
 
     group: int
     axis: str
     bits: tuple[tuple[int, int], ...]
+    level: int = WHOLE
 
 
 STOP = None  # the stop action
@@ -238,7 +242,7 @@ class _Mcts:
         if node is None:
             untried: list = [*self.valid(point), STOP]
             self.rng.shuffle(untried)
-            node = self.nodes[key] = _Node(point, codes, len(point.sharded), untried)
+            node = self.nodes[key] = _Node(point, codes, point.size, untried)
         return node
 
     def valid(self, point: Point) -> list[Action]:
@@ -254,7 +258,12 @@ class _Mcts:
             return self.children_of[key]
         bits = dict(point.bits)
         bits.update(action.bits)
-        child = Point(point.sharded | {(action.group, action.axis)}, tuple(sorted(bits.items())))
+        pair = (action.group, action.axis)
+        partial = frozenset(v for v in point.partial if v[:2] != pair)
+        if action.level == WHOLE:
+            child = Point(point.sharded | {pair}, tuple(sorted(bits.items())), partial)
+        else:
+            child = Point(point.sharded, tuple(sorted(bits.items())), partial | {(*pair, action.level)})
         child_codes = self.codes(child)
         after = None if np.array_equal(child_codes, codes) else (child, child_codes)
         self.children_of[key] = after
@@ -293,7 +302,7 @@ class _Mcts:
         point, codes = (node.point, node.codes) if stopped else self.rollout(node)
         priced = self.price(point, codes)
         reward = self.ideal_relative / max(priced.relative_cost, 1e-300)
-        length = len(point.sharded)
+        length = point.size
         for n in path:
             n.visits += 1
             n.reward_max = max(n.reward_max, reward)
@@ -348,7 +357,7 @@ class _Mcts:
         start, focus = point, self.options.focus
         best = self.price(point, codes).rank
         candidates = self.valid(point)
-        while len(point.sharded) < self.options.max_depth:
+        while point.size < self.options.max_depth:
             here, found, improving = best, None, []
             for action in candidates:
                 after = self.child(point, codes, action)
@@ -442,15 +451,19 @@ def _actions(space: SearchSpace, min_dims: int) -> tuple[list[Action], int]:
         classes = touching[g][:_RESOLVED_CLASSES]
         variants = [tuple(zip(classes, bits)) for bits in itertools.product((0, 1), repeat=len(classes))]
         if sum(nda.color_names[c] for c in space.groups[g]) < min_dims:
-            pruned += len(variants)
+            pruned += len(variants) * len(space.options[(g, axis)])
             continue
-        actions += [Action(g, axis, bits) for bits in variants]
+        actions += [Action(g, axis, bits, level) for level in space.options[(g, axis)] for bits in variants]
     return actions, pruned
 
 
 def _valid(point: Point, action: Action) -> bool:
-    """Statically valid: the (group, axis) is not set yet and the bits agree with the fixed ones."""
+    """Statically valid: the (group, axis) is not set yet at this level or a
+    wider one, and the bits agree with the fixed ones."""
     if (action.group, action.axis) in point.sharded:
+        return False
+    if action.level < WHOLE and any(v[:2] == (action.group, action.axis) and v[2] >= action.level
+                                    for v in point.partial):
         return False
     fixed = dict(point.bits)
     return all(fixed.get(c, b) == b for c, b in action.bits)
@@ -469,7 +482,7 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
                   evaluations=len(search.prices), states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
-                  space=len(space.variables) + len(space.free_classes),
+                  space=len(space.variables) + len(space.partial_variables) + len(space.free_classes),
                   smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by,
                   incumbent_s=search.incumbent.cost.step_time_s if search.incumbent else None,
                   # Memory shaped the answer when a faster plan was rejected for it (what the planner's

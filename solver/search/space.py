@@ -1,9 +1,10 @@
 """The search space of an `auto` tactic, shared by the search backends.
 
 A point of the space is one boolean per (color group, mesh axis) -- "shard
-this color along this axis" -- and one bit per free resolution class. Its
-plan is the earlier tactics' plan followed by whole-color decisions, axis by
-axis in mesh order and, on each axis, color by color in *priority* order;
+this color along this axis" -- or a partial level of it (below), and one bit
+per free resolution class. Its plan is the earlier tactics' plan followed by
+whole-color decisions, axis by axis (see "Axis order") and, on each axis,
+color by color in *priority* order;
 `ir.sharding.materialize` turns that into the factor sharding with its usual
 rule that the earlier decision wins where an owner (op or parameter) is
 contended. So a point determines its factor sharding exactly, and every
@@ -27,6 +28,33 @@ output dimension is layer i+1's input), the repeated unit is two layers:
 the colors are told apart by the parity of the layer (its position in the
 group, in program order), so even and odd layers are decided apart and
 Megatron's alternating column and row sharding is a point of the space.
+
+Levels (ZeRO, issue 27). With the optimizer state named (`optimizer_state`),
+a (group, axis) pair may also be set to a *partial* level that shards only
+part of the group's colors (`solver.search.zero`): OPTIMIZER, the optimizer
+state and the update computed from it (ZeRO-1/2: the gradient is
+reduce_scattered into the state's shard, the update all_gathered before it
+is applied, the parameters stay whole), or STORAGE, that and the parameters
+and the ops applying the update (ZeRO-3/FSDP: each parameter is gathered
+where it is read, and nowhere else is the color sharded). A point's plan
+writes a partial level as the schedule would: the whole-color decision,
+with the I-classes outside the level's part kept whole along the axis (the
+plan's `replicated` pairs). A level is offered only where it differs from
+both the narrower levels and the whole color, so each plan is one point.
+A whole-color decision along a batch axis is ZeRO-3 too, but it also
+shards the weight-only ops between a parameter and its readers (a GQA
+reshape of `wo`, read twice, is then gathered twice); STORAGE gathers the
+parameter once, as a pinned ZeRO-3 schedule does.
+
+Axis order. Data colors take the axes in mesh order and the other colors in
+reverse mesh order (which only matters to an I-class holding two axes, and
+to which of them divisibility lets it take). Meshes list the data axes first
+(batch, data, fsdp) and model axes last, so a weight dimension sharded by
+both keeps the model axis major, as its readers hold it, and the data axis
+minor: where a reduce_scatter of its gradient over that axis puts it, and
+what an all_gather removes cheaply. In mesh order the gradient was
+all_reduced and sliced instead (the MLP's ZeRO-3 schedule: its nearest
+point cost 2.04x the schedule).
 """
 
 from __future__ import annotations
@@ -41,23 +69,37 @@ from ir.core import IRError
 from ir.nda import NDA
 from ir.sharding import Decision, FactorSharding, axis_tuples
 from solver.plan import Plan
+from solver.search.zero import OPTIMIZER, STORAGE, WHOLE, parts
 
 FREE, OFF, ON = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One point of the space: the (group, axis) pairs set, and the resolution bits."""
+    """One point of the space: the (group, axis) pairs set whole, the resolution
+    bits, and the pairs set to a partial level (none of them also whole)."""
 
     sharded: frozenset[tuple[int, str]]
     bits: tuple[tuple[int, int], ...]  # (free resolution class, bit), sorted
+    partial: frozenset[tuple[int, str, int]] = frozenset()  # (group, axis, OPTIMIZER or STORAGE)
+
+    def levels(self) -> dict[tuple[int, str], int]:
+        """The level of each (group, axis) pair set."""
+        out = {(g, a): level for g, a, level in self.partial}
+        out.update((pair, WHOLE) for pair in self.sharded)
+        return out
+
+    @property
+    def size(self) -> int:
+        """How many (group, axis) pairs are set."""
+        return len(self.sharded) + len(self.partial)
 
 
 class SearchSpace:
     """What an auto tactic on `axes` decides after the plan `base` (earlier tactics)."""
 
     def __init__(self, nda: NDA, base: Plan, axes: Sequence[str], *, fold_layers: bool = True,
-                 data_inputs: Sequence[str] = ()) -> None:
+                 data_inputs: Sequence[str] = (), optimizer_state: Sequence[str] = ()) -> None:
         mesh = base.mesh
         unknown = [a for a in axes if a not in mesh.names]
         if unknown:
@@ -68,16 +110,41 @@ class SearchSpace:
         self.fold_layers = fold_layers
         self.group_of, self.groups = _color_groups(nda, fold_layers)
         data = _data_colors(nda, data_inputs)
+        self.data_colors = frozenset(data)
         self.priority: tuple[int, ...] = tuple(sorted(
             range(nda.num_colors), key=lambda c: (c not in data, -len(nda.color_iclasses[c]), c)))
+        # The order of a point's decisions (module docstring, "Axis order"): per axis, priority order.
+        self.decision_order: tuple[tuple[str, int], ...] = tuple(
+            [(a, c) for a in self.axes for c in self.priority if c in data]
+            + [(a, c) for a in reversed(self.axes) for c in self.priority if c not in data])
+        self.part = parts(nda, data, optimizer_state)  # per I-class: the narrowest level that shards it
         self.free_classes = self._free_classes()
         self.status = self._statuses()
-        live = {(self.group_of[nda.iclasses[k].color], a)
-                for k, row in enumerate(self.status) for a, st in zip(self.axes, row) if st == FREE}
+        live: dict[tuple[int, str], set[int]] = {}  # (group, axis) -> the parts of its I-classes free there
+        for k, row in enumerate(self.status):
+            for a, st in zip(self.axes, row):
+                if st == FREE:
+                    live.setdefault((self.group_of[nda.iclasses[k].color], a), set()).add(self.part[k])
         # The variables: (group, axis) pairs some I-class could take, in a fixed order.
         self.variables: tuple[tuple[int, str], ...] = tuple(
             (g, a) for g in range(len(self.groups)) for a in self.axes if (g, a) in live)
+        # The partial levels that differ from the narrower ones and from the whole color (module docstring).
+        self.partial_variables: tuple[tuple[int, str, int], ...] = tuple(
+            (g, a, level) for g, a in self.variables for level in (OPTIMIZER, STORAGE)
+            if level in live[(g, a)] and max(live[(g, a)]) > level)
+        self.options: dict[tuple[int, str], tuple[int, ...]] = {pair: (WHOLE,) for pair in self.variables}
+        for g, a, level in reversed(self.partial_variables):
+            self.options[(g, a)] = (level,) + self.options[(g, a)]
         self._fast = _FastMaterialize(self)
+
+    def axis_order(self, color: int) -> tuple[str, ...]:
+        """The auto axes in the order a color takes them (module docstring, "Axis order")."""
+        return self.axes if color in self.data_colors else self.axes[::-1]
+
+    def level_of(self, group: int, axis: str, part: int) -> int:
+        """The level of the (group, axis) decision that shards an I-class of
+        this part: the narrowest offered that holds it."""
+        return min(level for level in self.options.get((group, axis), (WHOLE,)) if level >= part)
 
     def _statuses(self) -> tuple[tuple[int, ...], ...]:
         """Per I-class and auto axis: ON (the earlier tactics gave it the
@@ -127,10 +194,21 @@ class SearchSpace:
         return tuple(free)
 
     def plan(self, point: Point) -> Plan:
-        """The plan of a point (module docstring)."""
-        decisions = [Decision(axis, color) for axis in self.axes for color in self.priority
-                     if (self.group_of[color], axis) in point.sharded]
-        plan = self.base_plan.with_decisions(*decisions)
+        """The plan of a point (module docstring): a partial level is the
+        whole-color decision with what lies outside its part kept whole."""
+        levels = point.levels()
+        decisions, kept = [], []
+        for axis, color in self.decision_order:
+            level = levels.get((self.group_of[color], axis))
+            if level is None:
+                continue
+            decisions.append(Decision(axis, color))
+            if level < WHOLE:
+                i = self.axes.index(axis)
+                kept += [(k, axis) for k in self.nda.color_iclasses[color]
+                         if self.part[k] > level and self.status[k][i] == FREE]
+        plan = self.base_plan.with_replicated(kept) if kept else self.base_plan
+        plan = plan.with_decisions(*decisions)
         return plan.with_resolutions(dict(point.bits)) if point.bits else plan
 
     def codes(self, point: Point) -> np.ndarray:
@@ -140,34 +218,43 @@ class SearchSpace:
         return self._fast(point)
 
     def points(self) -> Iterator[Point]:
-        """Every point of the space (brute force: 2**n of them)."""
-        for xs in itertools.product((0, 1), repeat=len(self.variables)):
-            sharded = frozenset(v for v, on in zip(self.variables, xs) if on)
+        """Every point of the space (brute force: per variable, off or one of its levels)."""
+        choices = [(0, *self.options[v]) for v in self.variables]
+        for levels in itertools.product(*choices):
+            sharded = frozenset(v for v, level in zip(self.variables, levels) if level == WHOLE)
+            partial = frozenset((*v, level) for v, level in zip(self.variables, levels) if 0 < level < WHOLE)
             for bits in itertools.product((0, 1), repeat=len(self.free_classes)):
-                yield Point(sharded, tuple(zip(self.free_classes, bits)))
+                yield Point(sharded, tuple(zip(self.free_classes, bits)), partial)
 
     def point_of(self, sharding: FactorSharding, bits: Mapping[int, int] | None = None) -> Point:
         """The point closest to a factor sharding (a hint): a (group, axis)
         pair is set where any I-class of the group's colors holds the axis
-        beyond the earlier tactics."""
-        sharded = set()
+        beyond the earlier tactics, at the narrowest level whose part holds
+        every such I-class the space could shard."""
+        needed: dict[tuple[int, str], int] = {}
         for k, axes in enumerate(sharding.axes):
             for a in axes:
                 pair = (self.group_of[self.nda.iclasses[k].color], a)
-                if a in self.axes and a not in self.base.axes[k] and pair in self.variables:
-                    sharded.add(pair)
+                if a in self.axes and a not in self.base.axes[k] and pair in self.options:
+                    free = self.status[k][self.axes.index(a)] == FREE
+                    needed[pair] = max(needed.get(pair, OPTIMIZER), self.part[k] if free else OPTIMIZER)
+        levels = {pair: min(level for level in self.options[pair] if level >= least)
+                  for pair, least in needed.items()}
         bits = bits or {}
-        return Point(frozenset(sharded), tuple((c, int(bits.get(c, 0))) for c in self.free_classes))
+        return Point(frozenset(pair for pair, level in levels.items() if level == WHOLE),
+                     tuple((c, int(bits.get(c, 0))) for c in self.free_classes),
+                     frozenset((*pair, level) for pair, level in levels.items() if level < WHOLE))
 
 
 class _FastMaterialize:
     """`materialize` specialised to the whole-color decisions a point appends
     to the earlier plan, vectorised over each color's I-classes. The rule is
     the same: in decision order, an I-class takes the axis unless it is
-    unshardable, kept whole, deselected, its owner already uses the axis, or
-    the axis does not divide it. Within one decision, several I-classes of
-    one owner may qualify; the first (in color order) takes the axis and
-    blocks the others, as in the sequential rule."""
+    unshardable, kept whole (by the earlier tactics, or outside the part of a
+    partial level), deselected, its owner already uses the axis, or the axis
+    does not divide it. Within one decision, several I-classes of one owner
+    may qualify; the first (in color order) takes the axis and blocks the
+    others, as in the sequential rule."""
 
     def __init__(self, space: SearchSpace) -> None:
         nda, mesh, base = space.nda, space.mesh, space.base
@@ -199,9 +286,12 @@ class _FastMaterialize:
         self.class_desel = {cls: tuple(np.array(sorted(side), dtype=np.int64) for side in nda.resolutions(cls))
                             for cls in space.free_classes}
         self.color_members = [np.array(m, dtype=np.int64) for m in nda.color_iclasses]
+        self.part = np.array(space.part, dtype=np.int64)
         rank = {c: r for r, c in enumerate(space.priority)}
         self.group_colors = [sorted(colors, key=rank.__getitem__) for colors in space.groups]
         self.rank = rank
+        # The space's decision order as passes of one axis and one kind of color (data or not).
+        self.passes = [(a, True) for a in space.axes] + [(a, False) for a in reversed(space.axes)]
 
     def __call__(self, point: Point) -> np.ndarray:
         codes, held, owner_mask = self.base_codes.copy(), self.base_held.copy(), self.base_owner_mask.copy()
@@ -209,16 +299,20 @@ class _FastMaterialize:
         bits = dict(point.bits)
         for cls, sides in self.class_desel.items():
             desel[sides[bits.get(cls, 0)]] = True
-        mesh = self.space.mesh
-        for axis in self.space.axes:
-            colors = sorted((c for g, a in point.sharded if a == axis for c in self.group_colors[g]),
-                            key=self.rank.__getitem__)
+        mesh, data = self.space.mesh, self.space.data_colors
+        levels = point.levels()
+        for axis, data_pass in self.passes:
+            colors = sorted(((c, level) for (g, a), level in levels.items() if a == axis
+                             for c in self.group_colors[g] if (c in data) == data_pass),
+                            key=lambda cl: self.rank[cl[0]])
             bit, size, j = 1 << self.axis_index[axis], mesh.size(axis), self.axis_index[axis]
             allowed = self.allowed[axis]
-            for c in colors:
+            for c, level in colors:
                 ks = self.color_members[c]
                 ok = allowed[ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
                     & (self.size[ks] % (held[ks] * size) == 0)
+                if level < WHOLE:
+                    ok &= self.part[ks] <= level
                 cand = ks[ok]
                 if not len(cand):
                     continue
