@@ -32,6 +32,7 @@ from solver.iopddl import (
     solve,
     usage_profile,
 )
+from solver.iopddl.wcsp import available as wcsp_available
 
 # The contest's toy instance, copied unmodified from google/iopddl (Apache-2.0)
 # so the tests need nothing outside the repository.
@@ -63,8 +64,14 @@ EXAMPLE_OPTIMUM = 445
 # The solver's two ways: one CP-SAT model of the whole reduced problem (small instances, the default),
 # or neighbourhoods of the incumbent (forced with whole_model_limit=0); and the memory limit's two
 # encodings, one sum per segment of time (what small models get) or a running sweep (forced here).
-PATHS = {"whole": {}, "lns": {"whole_model_limit": 0},
-         "whole-sweep": {"memory_encoding": "sweep"}, "lns-sweep": {"whole_model_limit": 0, "memory_encoding": "sweep"}}
+PATHS = {"whole": {}, "lns": {"whole_model_limit": 0, "wcsp": "off"},
+         "whole-sweep": {"memory_encoding": "sweep"},
+         "lns-sweep": {"whole_model_limit": 0, "memory_encoding": "sweep", "wcsp": "off"}}
+# toulbar2 before the neighbourhoods (solver.iopddl.penalty), memory imposed exactly or by prices, each
+# solve bounded by backtracks (reproducible); where pytoulbar2 is installed (Linux).
+if wcsp_available():
+    PATHS |= {"wcsp-exact": {"whole_model_limit": 0, "wcsp_backtracks": 20_000},
+              "wcsp-prices": {"whole_model_limit": 0, "wcsp_backtracks": 20_000, "wcsp_exact_nodes": 0}}
 
 
 def example_data() -> dict:

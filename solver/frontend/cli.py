@@ -283,7 +283,9 @@ def cmd_iopddl_solve(args: argparse.Namespace) -> int:
     read_s = time.perf_counter() - start
     progress = None if args.quiet or not sys.stderr.isatty() else (
         lambda line: print(f"\r{line}", end="", file=sys.stderr, flush=True))
-    result = solve(problem, SolveOptions(args.time_limit, args.workers, args.seed, args.max_rounds), progress)
+    options = SolveOptions(args.time_limit, args.workers, args.seed, args.max_rounds, wcsp=args.wcsp,
+                           wcsp_backtracks=args.wcsp_backtracks)
+    result = solve(problem, options, progress)
     if progress is not None:
         print(file=sys.stderr)
     report = {"instance": problem.name, "file": args.file, "nodes": problem.num_nodes, "edges": problem.num_edges,
@@ -301,7 +303,8 @@ def cmd_iopddl_solve(args: argparse.Namespace) -> int:
               f"(read in {read_s:.1f} s)")
         print(f"{result.message}: cost {ev.cost:,}, peak usage {ev.peak:,} of {problem.usage_limit:,}, "
               f"{result.seconds:.1f} s ({result.rounds} neighbourhoods, {result.improvements} improved"
-              + (f"; LP rounding {result.lp_cost:,}" if result.lp_cost is not None else "") + ")")
+              + (f"; LP rounding {result.lp_cost:,}" if result.lp_cost is not None else "")
+              + (f"; toulbar2 {result.wcsp_cost:,}" if result.wcsp_cost is not None else "") + ")")
         print(" ".join(map(str, result.strategies)))
     return 0 if result.evaluation.feasible else EXIT_INPUT_ERROR
 
@@ -425,7 +428,9 @@ def _iopddl_parser(sub) -> None:
                          description="Solve an IOPDDL instance: presolve, a least-memory start improved greedily, "
                          "nodes that a neighbour determines absorbed into it, then, when the problem is small, its LP "
                          "relaxation rounded and repaired to fit memory and one CP-SAT model of the whole problem, "
-                         "else CP-SAT on neighbourhoods of the incumbent, until the time limit. "
+                         "else toulbar2 on the whole problem (memory imposed exactly at the steps that overflow, or "
+                         "priced node by node; needs pytoulbar2) and then CP-SAT on neighbourhoods of the "
+                         "incumbent, until the time limit. "
                          "Prints the cost, feasibility and time, then the strategy list (one index per node). "
                          "Exit 1 when no feasible solution was found.")
     s.add_argument("file", help="instance, e.g. ../shared/iopddl/asplos-2025-iopddl-B.json.gz")
@@ -434,7 +439,13 @@ def _iopddl_parser(sub) -> None:
     s.add_argument("--workers", type=_positive_int, default=1, help="CP-SAT workers (default 1)")
     s.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     s.add_argument("--max-rounds", type=_positive_int, metavar="N",
-                   help="stop after N neighbourhoods (with --workers 1, a reproducible search)")
+                   help="stop after N neighbourhoods (with --workers 1 and --wcsp-backtracks or --wcsp off, "
+                   "a reproducible search)")
+    s.add_argument("--wcsp", choices=("auto", "off"), default="auto",
+                   help="toulbar2 on the whole problem before the neighbourhoods: auto (when pytoulbar2 is "
+                   "installed and the problem is too large for one CP-SAT model) or off")
+    s.add_argument("--wcsp-backtracks", type=_positive_int, metavar="N",
+                   help="bound each toulbar2 solve by N backtracks instead of time (reproducible)")
     s.add_argument("--out", metavar="FILE", help="write {\"instance\", \"cost\", \"strategies\"} to FILE")
     s.add_argument("--quiet", action="store_true", help="no progress line on the terminal")
     s.add_argument("--json", action="store_true", help="print JSON (schema in docs/json.md)")

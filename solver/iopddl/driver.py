@@ -10,10 +10,12 @@ from typing import Any
 
 from solver.iopddl.model import _subsolve
 from solver.iopddl.neighbourhood import _hot_nodes, _neighbourhood, _whole_model
+from solver.iopddl.penalty import EXACT_NODES, memory_search
 from solver.iopddl.presolve import presolve
 from solver.iopddl.problem import INFINITE, Evaluation, Problem, evaluate
 from solver.iopddl.relaxation import _lp_start
-from solver.iopddl.state import _greedy_sweeps, _merged_state, _start
+from solver.iopddl.state import _greedy_sweeps, _merged_state, _start, _State
+from solver.iopddl.wcsp import available as wcsp_available
 
 # ------------------------------------------------------------------ solve
 
@@ -33,12 +35,13 @@ class SolveResult:
     stats: dict[str, int]
     message: str
     lp_cost: int | None = None  # the best LP rounding, repaired and improved (None: no LP solved)
+    wcsp_cost: int | None = None  # the incumbent after the toulbar2 phase (None: it did not run)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.evaluation.to_json(), "time_s": self.seconds, "rounds": self.rounds,
                 "improvements": self.improvements, "start_cost": self.start_cost, "greedy_cost": self.greedy_cost,
-                "lp_cost": self.lp_cost, "presolve": dict(self.stats), "message": self.message,
-                "strategies": list(self.strategies)}
+                "lp_cost": self.lp_cost, "wcsp_cost": self.wcsp_cost, "presolve": dict(self.stats),
+                "message": self.message, "strategies": list(self.strategies)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +54,23 @@ class SolveOptions:
     whole_model_limit: int = 400_000  # literals up to which one CP-SAT model is solved (see `_whole_model`)
     sub_time_s: float = 2.0  # per neighbourhood (a star above the budget: up to 5x)
     memory_encoding: str = "auto"  # "sums", "sweep" or "auto" (see `_memory_constraints`)
+    # toulbar2 before the neighbourhoods of a problem too large for one CP-SAT model ("auto": when
+    # pytoulbar2 is installed; "off": never), for `wcsp_share` of the time, each solve bounded by
+    # `wcsp_seconds` (None: a ninth of the time limit, 2 to 30 s) or, reproducibly, `wcsp_backtracks`;
+    # memory imposed exactly up to `wcsp_exact_nodes` free nodes, by prices above (solver.iopddl.penalty).
+    wcsp: str = "auto"
+    wcsp_share: float = 0.75
+    wcsp_seconds: float | None = None
+    wcsp_backtracks: int | None = None
+    wcsp_exact_nodes: int = EXACT_NODES
 
     def __post_init__(self) -> None:
         if self.memory_encoding not in ("auto", "sums", "sweep"):
             raise ValueError(f"memory_encoding must be 'auto', 'sums' or 'sweep', not {self.memory_encoding!r}")
+        if self.wcsp not in ("auto", "off"):
+            raise ValueError(f"wcsp must be 'auto' or 'off', not {self.wcsp!r}")
+        if not 0 <= self.wcsp_share <= 1:
+            raise ValueError(f"wcsp_share must be within [0, 1], not {self.wcsp_share!r}")
 
 
 def solve(problem: Problem, options: SolveOptions = SolveOptions(),
@@ -106,12 +122,54 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
         improved, proven = _subsolve(state, free, deadline - time.perf_counter(), options.workers, options.seed,
                                      tight=whole == "tight", memory=options.memory_encoding)
         rounds, improvements, free = 1, int(improved), []
+    wcsp_cost = None
+    if free and options.wcsp == "auto" and options.wcsp_share > 0 and wcsp_available():
+        state, wcsp_cost, solved = _wcsp_phase(state, free, options, deadline, rng, progress)
+        if solved:  # toulbar2 completed on an answer that fits: nothing is left to search
+            proven, free = True, []
+    if free:
+        rounds, improvements, searched = _neighbourhoods(state, free, options, deadline, rng, progress)
+        proven = proven or searched
+    strategies = state.original()
+    evaluation = evaluate(problem, strategies)
+    message = (("optimal" if proven else "feasible") if evaluation.feasible else
+               "no feasible solution found (forbidden choices remain)" if evaluation.forbidden else
+               "no feasible solution found (memory)")
+    return SolveResult(tuple(strategies.tolist()), evaluation, time.perf_counter() - start, rounds, improvements,
+                       start_cost, greedy_cost, red.stats, message, lp_cost, wcsp_cost)
+
+
+def _wcsp_phase(state: _State, free: list[int], options: SolveOptions, deadline: float, rng: random.Random,
+                progress: Callable[[str], None] | None) -> tuple[_State, int, bool]:
+    """Whole-problem answers by toulbar2 for `wcsp_share` of the time left,
+    memory imposed exactly or by prices (solver.iopddl.penalty): what the
+    neighbourhoods cannot do is trade memory between nodes far apart in the
+    graph. Returns the incumbent, its cost and whether it is proven optimal;
+    the phase's counts go into the reduced problem's stats."""
+    seconds = options.wcsp_seconds or min(max(options.time_limit_s / 9, 2.0), 30.0)
+    until = time.perf_counter() + options.wcsp_share * (deadline - time.perf_counter())
+    state, stats = memory_search(state, free, until, rng, seconds=seconds, backtracks=options.wcsp_backtracks,
+                                 seed=options.seed, workers=options.workers, exact_nodes=options.wcsp_exact_nodes,
+                                 progress=progress)
+    state.red.stats.update(wcsp_solves=stats.solves, wcsp_steps=stats.steps, wcsp_improvements=stats.improvements)
+    return state, evaluate(state.problem, state.original()).cost, stats.proven
+
+
+def _neighbourhoods(state: _State, free: list[int], options: SolveOptions, deadline: float, rng: random.Random,
+                    progress: Callable[[str], None] | None) -> tuple[int, int, bool]:
+    """Large-neighbourhood search until the deadline or `max_rounds`: CP-SAT
+    re-solves neighbourhoods of the incumbent (`_neighbourhood`), improving
+    `state` in place. Returns the rounds, the improvements, and whether one
+    neighbourhood held every free node and was solved to optimality."""
+    red = state.red
+    rounds = improvements = 0
+    proven = False
     budget = options.budget
     hot: tuple[list[int], int] = (free, 0)
     forbidden, stalled = INFINITE, 0  # nodes touching forbidden choices, rounds since that fell
     improved = False
     tried: set[int] = set()  # expensive seeds whose neighbourhood improved nothing
-    while free and time.perf_counter() < deadline and (options.max_rounds is None or rounds < options.max_rounds):
+    while time.perf_counter() < deadline and (options.max_rounds is None or rounds < options.max_rounds):
         # An improvement may have cooled a hot node; while repairs go on
         # (thousands of small rounds on K), every 20 rounds is enough.
         if rounds % 20 == 0 or (improved and not hot[1]):
@@ -145,10 +203,4 @@ def solve(problem: Problem, options: SolveOptions = SolveOptions(),
             budget = min(int(budget * 1.3) + 1, 50_000)
         if progress is not None and rounds % 10 == 0:
             progress(f"round {rounds}: {improvements} improvements, neighbourhood budget {budget}")
-    strategies = state.original()
-    evaluation = evaluate(problem, strategies)
-    message = (("optimal" if proven else "feasible") if evaluation.feasible else
-               "no feasible solution found (forbidden choices remain)" if evaluation.forbidden else
-               "no feasible solution found (memory)")
-    return SolveResult(tuple(strategies.tolist()), evaluation, time.perf_counter() - start, rounds, improvements,
-                       start_cost, greedy_cost, red.stats, message, lp_cost)
+    return rounds, improvements, proven
