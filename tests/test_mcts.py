@@ -245,7 +245,7 @@ def _best_point(space, table):
 def test_an_incumbent_seeds_the_best_found():
     name, kwargs, mesh, step = CASES[0]
     model, nda, table, space = setup(name, kwargs, mesh, step=step)
-    options = MctsOptions(iterations=1)
+    options = MctsOptions(iterations=1, polish=False)
     one = solve(space, table, options)
     point, best_s = _best_point(space, table)
     assert best_s < one.report.objective_s * (1 - 1e-9)  # one trajectory alone does not find it
@@ -269,3 +269,29 @@ def test_without_an_incumbent_the_search_is_unchanged():
     first, again = plain.report.to_json(), none.report.to_json()
     for field in ("evaluations", "states", "merged", "iterations", "rounds", "objective_s", "message"):
         assert first[field] == again[field]
+
+
+def test_polish_undoes_a_decision_a_descent_cannot():
+    """Actions only add shardings, so a descent from a point holding two
+    ZeRO levels ends above the optimum; dropping one decision and
+    descending again (the polish after the rounds) reaches it."""
+    name, kwargs, mesh = ZERO_CASES[0]
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
+    best_s = brute_force(space, table)
+    search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+    start = Point(frozenset(), (), frozenset({(2, "x", 1), (3, "x", 1)}))
+    codes = search.codes(start)
+    search.best = (search.price(start, codes), start, codes)
+    _, descended = search.descend(start, codes)
+    assert table.evaluate(descended).step_time_s > best_s * (1 + 1e-9)
+    assert search.polish() >= 2
+    assert search.best[0].cost.step_time_s == pytest.approx(best_s, rel=1e-12)
+    assert search.best[1].levels() != start.levels()
+
+
+def test_polish_is_an_option():
+    name, kwargs, mesh = ZERO_CASES[0]
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
+    runs = {flag: solve(space, table, MctsOptions(iterations=1, min_dims=0, polish=flag)) for flag in (False, True)}
+    assert runs[True].cost.step_time_s <= runs[False].cost.step_time_s
+    assert runs[True].report.evaluations > runs[False].report.evaluations
