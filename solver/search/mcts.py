@@ -271,11 +271,11 @@ class _Mcts:
         bits = dict(point.bits)
         bits.update(action.bits)
         pair = (action.group, action.axis)
-        partial = frozenset(v for v in point.partial if v[:2] != pair)
+        base = point.without(pair)  # the pair is unset or at a narrower level (`_valid`)
         if action.level == WHOLE:
-            child = Point(point.sharded | {pair}, tuple(sorted(bits.items())), partial)
+            child = Point(base.sharded | {pair}, tuple(sorted(bits.items())), base.partial)
         else:
-            child = Point(point.sharded, tuple(sorted(bits.items())), partial | {(*pair, action.level)})
+            child = Point(base.sharded, tuple(sorted(bits.items())), base.partial | {(*pair, action.level)})
         child_codes = self.codes(child)
         after = None if np.array_equal(child_codes, codes) else (child, child_codes)
         self.children_of[key] = after
@@ -403,8 +403,7 @@ class _Mcts:
                 if time.perf_counter() > deadline:
                     break
                 tried += 1
-                start = Point(point.sharded - {pair}, point.bits,
-                              frozenset(v for v in point.partial if v[:2] != pair))
+                start = point.without(pair)
                 end = self.descend(start, self.codes(start))
                 found = self.price(*end)
                 if found.rank < priced.rank:

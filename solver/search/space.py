@@ -94,6 +94,10 @@ class Point:
         """How many (group, axis) pairs are set."""
         return len(self.sharded) + len(self.partial)
 
+    def without(self, pair: tuple[int, str]) -> Point:
+        """This point with the (group, axis) pair unset, at whatever level it was."""
+        return Point(self.sharded - {pair}, self.bits, frozenset(v for v in self.partial if v[:2] != pair))
+
 
 class SearchSpace:
     """What an auto tactic on `axes` decides after the plan `base` (earlier tactics)."""
