@@ -221,8 +221,9 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     rules = _RuleCache()
     name_iclass, owners, op_factor_iclass = _identities(fn, names, rules)
     iclass_color, color_count, neighbors = _colors(fn, names, name_iclass, len(owners))
+    op_labels: dict[int, str] = {}  # op index -> its label's prefix, shared by its factors
     iclasses = tuple(
-        IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o),
+        IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o, op_labels),
                _owner_shardable(fn, rules, o))
         for i, o in enumerate(owners)
     )
@@ -368,14 +369,16 @@ def _owner_shardable(fn: Function, rules: _RuleCache, owner: tuple) -> bool:
     return all(f not in dims[1:] for tensor in rule.operands + rule.results for dims in tensor)
 
 
-def _owner_label(fn: Function, rules: _RuleCache, owner: tuple) -> str:
+def _owner_label(fn: Function, rules: _RuleCache, owner: tuple, op_labels: dict[int, str]) -> str:
     """What an I-class is, without names or positions: equal for the same
     factor of identical ops in different layers."""
     if owner[0] == "op":
         op = fn.ops[owner[1]]
-        factor = rules(op).factors[owner[2]]
-        types = ",".join(str(o.type) for o in op.operands)
-        return f"{op.kind}({types}){dict(op.attrs.items)}:{factor.name}"
+        prefix = op_labels.get(owner[1])
+        if prefix is None:
+            types = ",".join(str(o.type) for o in op.operands)
+            prefix = op_labels[owner[1]] = f"{op.kind}({types}){dict(op.attrs.items)}"
+        return f"{prefix}:{rules(op).factors[owner[2]].name}"
     return f"param:{fn.params[owner[1]].type}:{owner[2]}"
 
 

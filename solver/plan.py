@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ir.core import IRError, Mesh
+from ir.core import IRError, Mesh, Value
 from ir.nda import NDA
 from ir.sharding import Decision, FactorSharding, materialize
 
@@ -44,17 +44,22 @@ class Plan:
     def to_json(self, nda: NDA | None = None) -> dict[str, Any]:
         """JSON form; with the NDA, each decision also says what it shards."""
 
+        # Parameter dimensions kept whole along an axis are not what a decision on it shards (a
+        # search's ZeRO level keeps the weights whole and shards their optimizer state).
+        kept: dict[str, set[int]] = {}
+        for k, a in self.replicated:
+            kept.setdefault(a, set()).add(k)
+        dims = _param_dims_by_color(nda) if nda is not None else {}
+
         def decision(d: Decision) -> dict[str, Any]:
             out: dict[str, Any] = {"axis": d.axis, "color": d.color}
             if d.only is not None:
                 out["only"] = d.only
                 out["spread"] = d.spread
             if nda is not None:
-                # Parameter dimensions kept whole along the axis are not what the decision shards (a
-                # search's ZeRO level keeps the weights whole and shards their optimizer state).
-                kept = {k for k, a in self.replicated if a == d.axis}
-                out["what"] = _describe(nda, d, kept)
-                out["pattern"] = _pattern(nda, d, kept)
+                carried = [(v, k) for v, k, ic in dims.get(d.color, ()) if ic not in kept.get(d.axis, ())]
+                out["what"] = _describe(nda, d, carried)
+                out["pattern"] = _pattern(nda, d, carried)
             return out
 
         return {
@@ -77,27 +82,35 @@ class Plan:
         return Plan(mesh, decisions, resolutions, replicated)
 
 
-def _pattern(nda: NDA, d: Decision, kept: set[int] = frozenset()) -> str | None:
+def _param_dims_by_color(nda: NDA) -> dict[int, list[tuple[Value, int, int]]]:
+    """Per color, the parameter dimensions it names (parameter, dimension, I-class), in order."""
+    out: dict[int, list[tuple[Value, int, int]]] = {}
+    for v in nda.function.params:
+        for k in range(v.type.rank):
+            out.setdefault(nda.def_color(v, k), []).append((v, k, nda.def_iclass(v, k)))
+    return out
+
+
+def _pattern(nda: NDA, d: Decision, carried: list[tuple[Value, int]]) -> str | None:
     """What a decision shards with its layer numbers as `*`: the first
-    parameter dimension of its color not `kept` whole (`layers.*.attn.wv[1]`),
-    or the pinned I-class's description (`%layers.*.attn.wq[1] and onward`).
-    The decisions of repeated layers share it, which is how the text report
-    groups them. None for a color no parameter carries."""
+    parameter dimension it shards (`carried`: its color's, less those kept
+    whole; `layers.*.attn.wv[1]`), or the pinned I-class's description
+    (`%layers.*.attn.wq[1] and onward`). The decisions of repeated layers
+    share it, which is how the text report groups them. None for a color no
+    parameter carries."""
     if d.only is not None:
-        return _LAYER.sub("*", _describe(nda, d))
-    first = next(((v, k) for v in nda.function.params for k in range(v.type.rank)
-                  if nda.def_color(v, k) == d.color and nda.def_iclass(v, k) not in kept), None)
-    if first is None:
+        return _LAYER.sub("*", _describe(nda, d, carried))
+    if not carried:
         return None
-    return _LAYER.sub("*", first[0].name) + f"[{first[1]}]"
+    v, k = carried[0]
+    return _LAYER.sub("*", v.name) + f"[{k}]"
 
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.|\[|$)")  # a number between dots: a layer index
 
 
-def _describe(nda: NDA, d: Decision, kept: set[int] = frozenset()) -> str:
+def _describe(nda: NDA, d: Decision, carried: list[tuple[Value, int]]) -> str:
     if d.only is not None:
         return nda.describe_iclass(d.only) + (" and onward" if d.spread else "")
-    examples = [f"%{v.name}[{k}]" for v in nda.function.params for k in range(v.type.rank)
-                if nda.def_color(v, k) == d.color and nda.def_iclass(v, k) not in kept][:3]
+    examples = [f"%{v.name}[{k}]" for v, k in carried[:3]]
     return f"color #{d.color}" + (f" ({', '.join(examples)})" if examples else "")

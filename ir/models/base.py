@@ -40,6 +40,15 @@ class Model:
             raise ValueError(f"model metadata {listed} does not partition the parameters {names}")
 
     @property
+    def groupable(self) -> tuple[str, ...]:
+        """The parameters NDA may group as repeated layers (`ir.nda.analyze`'s
+        `group_params`): the trainable ones and any state that is not
+        optimizer state (a decode step's per-layer key/value caches, whose
+        sequence dimensions would otherwise be a color per layer). Optimizer
+        state (`opt.*`) shares its parameter's colors, so it is left out."""
+        return self.params + tuple(s for s in self.state if not s.startswith("opt."))
+
+    @property
     def parameter_elements(self) -> int:
         """Scalars in all trainable parameters (the model's parameter count)."""
         return sum(self.function.param(n).type.num_elements for n in self.params)

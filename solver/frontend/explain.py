@@ -22,7 +22,7 @@ def explain(spec: Spec) -> tuple[dict[str, Any], NDA]:
     start = time.perf_counter()
     model = spec.build()
     built = time.perf_counter()
-    nda = analyze(model.function, model.params)
+    nda = analyze(model.function, model.groupable)
     done = time.perf_counter()
     fn = model.function
     report = {

@@ -106,7 +106,7 @@ def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
     start = time.perf_counter()
     model = spec.build(remat)
     built = time.perf_counter()
-    nda = analyze(model.function, model.params)
+    nda = analyze(model.function, model.groupable)
     analyzed = time.perf_counter()
     baseline = evaluate(model.function, spec.hardware_obj())
     return Prepared(model, nda, baseline, {"build": built - start, "analysis": analyzed - built,

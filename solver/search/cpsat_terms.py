@@ -102,6 +102,7 @@ class TermModel:
         self.features: list[tuple] = []  # feature id -> domain (tuple of values)
         self._feature_ids: dict[tuple, int] = {}
         self.terms: dict[tuple, Term] = {}
+        self.defined_by: dict[int, Term] = {}  # feature id -> the term whose outputs define it
         self.value_partial: list[int | None] = [None] * len(table.values)
         self.op_term: list[tuple] = []
         self.edge_term: dict[int, tuple] = {}  # use -> its edge term's name (uses that may carry a collective)
@@ -247,6 +248,38 @@ class TermModel:
             self.features.append(domain)
         return fid
 
+    def _input_values(self, keys: tuple[int, ...], inputs: tuple[int, ...]):
+        """Per combination of the keys' axes, the input features' joint values
+        that the terms defining those features allow: a feature's value and
+        the axes of the keys a term shares with its definer hold together in
+        one of the definer's combinations, so any other is unreachable. (A
+        use's partial state is its producer's: an axis its result holds on a
+        dimension is never one it is partial over.) Dropping them keeps the
+        model exact and, on a 3-axis mesh, leaves a third of the edge terms'
+        combinations."""
+        checks = []
+        for n, f in enumerate(inputs):
+            definer = self.defined_by.get(f)
+            if definer is None:
+                continue
+            shared = [k for k in keys if k in definer.keys]
+            at = [definer.keys.index(k) for k in shared]
+            out = definer.outputs.index(f)
+            allowed: dict[tuple, set] = {}
+            for c in definer.combos:
+                allowed.setdefault(tuple(c.taken[p] for p in at), set()).add(c.outputs[out])
+            checks.append((n, [keys.index(k) for k in shared], allowed))
+        domains = [self.features[f] for f in inputs]
+
+        def values(taken: tuple[frozenset[str], ...]):
+            ds = list(domains)
+            for n, mine, allowed in checks:
+                ok = allowed.get(tuple(taken[p] for p in mine), ())
+                ds[n] = [v for v in ds[n] if v in ok]
+            return itertools.product(*ds)
+
+        return values
+
     def _codes(self, keys: tuple[int, ...], taken: tuple[frozenset[str], ...], iclasses: Sequence[int]) -> np.ndarray:
         """A full code array with the given I-classes set from their keys' combination."""
         codes = self.base_codes.copy()
@@ -271,6 +304,8 @@ class TermModel:
         term = self.terms.get(name)
         if term is None:
             term = self.terms[name] = build()
+            for f in term.outputs:
+                self.defined_by[f] = term
         else:
             term.mult += 1
         return term
@@ -295,7 +330,11 @@ class TermModel:
         red = [k for k in t.reduction_ic[i].tolist() if k < len(self.nda.iclasses)]
         op = t.fn.ops[i]
         rows, forbidden = [], []
+        consistent = self._input_values(keys, inputs)
         for taken in self.key_combos(keys):
+            joint = list(consistent(taken))
+            if not joint:
+                continue
             codes = self._codes(keys, taken, factors)
             # An op a kernel fuses is priced by its kernel term.
             seconds = 0.0 if t.kernels.fused[i] else t.price_op(i, codes)[0]
@@ -306,7 +345,7 @@ class TermModel:
             for k in red:
                 own |= int(t.code_mask[codes[k]])
             wants = None
-            for values in itertools.product(*(self.features[f] for f in inputs)):
+            for values in joint:
                 state = dict(zip(inputs, values))
                 masks = [state[pf][0] if pf is not None else 0 for pf, _ in operands]
                 combiners = [state[pf][1] if pf is not None else "sum" for pf, _ in operands]
@@ -393,9 +432,13 @@ class TermModel:
         flow_f = role[1] if role[0] == "first" else None
         inputs = tuple(f for f in (pf, flow_f) if f is not None)
         rows = []
+        consistent = self._input_values(keys, inputs)
         for taken in self.key_combos(keys):
+            joint = list(consistent(taken))
+            if not joint:
+                continue
             codes = self._codes(keys, taken, iclasses)
-            for values in itertools.product(*(self.features[f] for f in inputs)):
+            for values in joint:
                 chain = self._edge_resharding(e, codes, dict(zip(inputs, values)), pf, role, first_ic)
                 seconds = sum(chain.priced.seconds) if chain is not None else 0.0
                 first = chain.priced.result_bytes[0] if _emits(chain) else 0
@@ -424,9 +467,13 @@ class TermModel:
         def build() -> Term:
             keys = tuple(sorted({self.key_of[ic] for ic in iclasses}))
             rows = []
+            consistent = self._input_values(keys, inputs)
             for taken in self.key_combos(keys):
+                joint = list(consistent(taken))
+                if not joint:
+                    continue
                 codes = self._codes(keys, taken, iclasses)
-                for values in itertools.product(*(self.features[f] for f in inputs)):
+                for values in joint:
                     state = dict(zip(inputs, values))
                     broken = tuple(n for n, link in enumerate(links)
                                    if any(f if isinstance(f, bool) else state[f] for f in link))
@@ -446,10 +493,12 @@ class TermModel:
         def build() -> Term:
             keys = tuple(sorted({self.key_of[k] for k in dic}))
             rows = []
+            consistent = self._input_values(keys, (pf,))
             for taken in self.key_combos(keys):
-                codes = self._codes(keys, taken, dic)
-                have = packed(t, codes, dic)
-                for (value,) in itertools.product(self.features[pf]):
+                have = None
+                for (value,) in consistent(taken):
+                    if have is None:
+                        have = packed(t, self._codes(keys, taken, dic), dic)
                     mask, combiner = value
                     seconds = sum(t.resharding(v, have, mask, combiner, have).priced.seconds) if mask else 0.0
                     rows.append(Combo(taken, (value,), (), seconds))

@@ -346,16 +346,51 @@ def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[in
                if len({d for h, d, _ in entries if h == g}) > 1}
     signature = {c: sorted((g, d, position[name] % 2 if g in chained else 0) for g, d, name in entries)
                  for c, entries in dims.items()}
+    named = {nda.def_color(p, d) for p in fn.params for d in range(p.type.rank)}
+    key_of: dict[int, tuple] = {c: ("tied", len(nda.color_iclasses[c]), tuple(signature[c]))
+                                for c in range(nda.num_colors) if fold and signature[c]}
+    if fold:
+        key_of.update(_internal_color_keys(nda, key_of, named))
     keys: dict[tuple, int] = {}
     group_of = []
     for c in range(nda.num_colors):
-        sig = tuple(signature[c])
-        key = ("tied", len(nda.color_iclasses[c]), sig) if fold and sig else ("alone", c)
-        group_of.append(keys.setdefault(key, len(keys)))
+        group_of.append(keys.setdefault(key_of.get(c, ("alone", c)), len(keys)))
     groups: list[list[int]] = [[] for _ in keys]
     for c, g in enumerate(group_of):
         groups[g].append(c)
     return tuple(group_of), tuple(tuple(g) for g in groups)
+
+
+def _internal_color_keys(nda: NDA, tied: dict[int, tuple], named: set[int]) -> dict[int, tuple]:
+    """Group keys of the *internal* colors (they name no parameter dimension:
+    a factor that a reshape splits off inside a layer, such as grouped-query
+    attention's query heads per key/value head), by their place in the
+    period rather than by a parameter: the multiset, over the color's
+    I-classes, of the I-class's structural label (op kind, operand types,
+    attributes, factor) with the groups of the colors beside it at its owner.
+    The same internal color of every repeated layer then has one key and is
+    decided once, as its layer's parameters' colors are; one that appears
+    once (at a boundary) keeps a key of its own. Without this, each layer's
+    internal color was a decision of its own, its I-classes had keys of
+    their own, and no term of the layer folded."""
+    internal = [c for c in range(nda.num_colors) if c not in named and c not in tied]
+    if not internal:
+        return {}
+    at_owner: dict[tuple, list[int]] = {}
+    for ic in nda.iclasses:
+        at_owner.setdefault(ic.owner[:2], []).append(ic.color)
+    # Two rounds: beside-colors named by their group key where tied, else by their first-round key.
+    first = {c: ("internal", len(nda.color_iclasses[c]),
+                 tuple(sorted(nda.iclasses[k].label for k in nda.color_iclasses[c]))) for c in internal}
+    known = {**tied, **first}
+
+    def beside(k: int) -> tuple:
+        ic = nda.iclasses[k]
+        return tuple(sorted(repr(known.get(c, ("alone", c))) for c in at_owner[ic.owner[:2]] if c != ic.color))
+
+    return {c: ("internal", len(nda.color_iclasses[c]),
+                tuple(sorted((nda.iclasses[k].label, beside(k)) for k in nda.color_iclasses[c])))
+            for c in internal}
 
 
 def _data_colors(nda: NDA, data_inputs: Sequence[str]) -> set[int]:
