@@ -184,6 +184,13 @@ class Mesh:
     """A named device mesh, e.g. `Mesh.of(batch=4, model=2)`; axes major to minor."""
 
     axes: tuple[tuple[str, int], ...] = ()
+    # Derived once: a search asks an axis's size millions of times.
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _sizes: Mapping[str, int] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_names", tuple(n for n, _ in self.axes))
+        object.__setattr__(self, "_sizes", dict(self.axes))  # private: never handed out
 
     @staticmethod
     def of(**axes: int) -> Mesh:
@@ -203,7 +210,7 @@ class Mesh:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.axes)
+        return self._names
 
     @property
     def num_devices(self) -> int:
@@ -215,9 +222,13 @@ class Mesh:
         return self.names.index(axis)
 
     def size(self, axis: str) -> int:
-        return self.axes[self.axis_index(axis)][1]
+        size = self._sizes.get(axis)
+        return self.axes[self.axis_index(axis)][1] if size is None else size  # unknown: axis_index raises
 
     def group_size(self, axes: tuple[str, ...]) -> int:
+        sizes = self._sizes
+        if all(a in sizes for a in axes):
+            return math.prod(sizes[a] for a in axes)
         return math.prod(self.size(a) for a in axes)
 
     def ordered(self, axes: Any) -> tuple[str, ...]:
