@@ -28,6 +28,12 @@ output dimension is layer i+1's input), the repeated unit is two layers:
 the colors are told apart by the parity of the layer (its position in the
 group, in program order), so even and odd layers are decided apart and
 Megatron's alternating column and row sharding is a point of the space.
+A color that names no parameter dimension (an *internal* color: GQA's
+query heads per key/value head, split off by a reshape inside each layer)
+is grouped by its place in the period: its I-classes' structural labels
+with the groups of the colors beside them (`_internal_color_keys`). Two
+internal colors with the same place are decided together, as every layer's
+copy of one is.
 
 Levels (ZeRO, issue 27). With the optimizer state named (`optimizer_state`),
 a (group, axis) pair may also be set to a *partial* level that shards only
