@@ -222,13 +222,11 @@ class Mesh:
         return self.names.index(axis)
 
     def size(self, axis: str) -> int:
-        size = self._sizes.get(axis)
-        return self.axes[self.axis_index(axis)][1] if size is None else size  # unknown: axis_index raises
+        if axis not in self._sizes:
+            self.axis_index(axis)  # raises, naming the mesh's axes
+        return self._sizes[axis]
 
     def group_size(self, axes: tuple[str, ...]) -> int:
-        sizes = self._sizes
-        if all(a in sizes for a in axes):
-            return math.prod(sizes[a] for a in axes)
         return math.prod(self.size(a) for a in axes)
 
     def ordered(self, axes: Any) -> tuple[str, ...]:
