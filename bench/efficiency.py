@@ -27,7 +27,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 from costmodel.evaluate import evaluate  # noqa: E402
 from costmodel.simulate import DEFAULT_PREFETCH  # noqa: E402
-from ir.pipeline import PIPELINE  # noqa: E402
 from solver.planning.planner import Planned, plan_spec, prepare, simulate_planned  # noqa: E402
 from solver.planning.spec import load_spec  # noqa: E402
 from solver.search.report import NoPlanFits  # noqa: E402
@@ -122,9 +121,9 @@ def main() -> int:
     specs = sorted((ROOT / "specs").glob("*.yaml"))
     if args.only:
         specs = [p for p in specs if p.stem in args.only]
-    # A pipeline is priced by its schedule, not by one program's serial sum, overlap or re-ranking:
-    # bench/distir_grid.py covers pipelines.
-    specs = [p for p in specs if PIPELINE not in load_spec(p).mesh]
+    # A pipeline (and gradient accumulation, a one-stage pipeline) is priced by its schedule, not by one
+    # program's serial sum, overlap or re-ranking: bench/distir_grid.py covers pipelines.
+    specs = [p for p in specs if not load_spec(p).pipelined]
     rows = []
     for path in specs:
         rows.append(measure(path, args.cpsat))

@@ -156,6 +156,26 @@ def microbatch_decision(nda: NDA, inputs: Sequence[str]) -> Decision:
     return Decision(MICRO, colors.pop())
 
 
+def microbatch_nda(nda: NDA, inputs: Sequence[str], microbatches: int) -> NDA:
+    """`nda` as the plans of one microbatch see it: the batch color's
+    I-classes `microbatches` times smaller. Only divisibility reads an
+    I-class's size, so a plan materialized on this view splits the batch
+    only as far as a microbatch of it splits, and is one `pipeline_step`
+    can run with `microbatches` (a search on it never finds a plan its own
+    pipeline refuses)."""
+    if microbatches == 1:
+        return nda
+    color = microbatch_decision(nda, inputs).color
+    members = set(nda.color_iclasses[color])
+    if any(nda.iclasses[k].size % microbatches for k in members):
+        first = next(p for p in nda.function.params if p.name in inputs and p.type.rank)
+        raise PipelineError(f"the batch of %{first.name} ({first.type.shape[0]}) does not split into "
+                            f"{microbatches} microbatches")
+    iclasses = tuple(dataclasses.replace(ic, size=ic.size // microbatches) if ic.id in members else ic
+                     for ic in nda.iclasses)
+    return dataclasses.replace(nda, iclasses=iclasses)
+
+
 def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
                   replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None) -> Pipeline:
@@ -171,15 +191,15 @@ def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
         raise PipelineError(f"the microbatch count must be at least 1, got {microbatches}")
     micro = microbatch_decision(nda, model.inputs)
     sharding = materialize(nda, microbatch_mesh(mesh, microbatches), [micro, *decisions], resolutions, replicated)
-    # The stages run the plan as it is, with `micro` in front of the batch: a batch that does not
-    # split K ways times the plan's own split would make the rules drop one or the other.
-    plan = materialize(nda, mesh, decisions, resolutions, replicated)
+    # The stages run the plan as a microbatch's batch takes it (`microbatch_nda`), with `micro` in
+    # front of the batch: a batch that does not split K ways would make the rules drop one or the other.
+    plan = materialize(microbatch_nda(nda, model.inputs, microbatches), mesh, decisions, resolutions, replicated)
     same = all(tuple(a for a in axes if a != MICRO) == kept for axes, kept in zip(sharding.axes, plan.axes))
     for name in model.inputs:
         p = fn.param(name)
         if p.type.rank and not (same and MICRO in sharding.def_dims(nda, p)[0]):
             raise PipelineError(f"the batch of %{name} ({p.type.shape[0]}) does not split into {microbatches} "
-                                "microbatches times the devices the plan splits it over")
+                                "microbatches")
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
     pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule)
@@ -200,6 +220,8 @@ def layer_stages(layers: Sequence[int] | Mapping[int, Any], stages: int) -> dict
 def value_stages(fn: Function, forward_ops: int, origins: Mapping[str, str], stages: int) -> dict[str, int]:
     """The stage of every value `fn`'s ops define, and of every parameter
     (where its first reader is), by the rules of the module docstring."""
+    if stages == 1:  # gradient accumulation: every value on the one stage, layers or none
+        return {v.name: 0 for v in fn.params} | {r.name: 0 for op in fn.ops for r in op.results}
     segments = layer_segments(fn, forward_ops)
     if stages < 1 or len(segments) < stages:
         raise PipelineError(f"{stages} pipeline stages need at least {stages} layers; @{fn.name} has "

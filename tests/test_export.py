@@ -32,7 +32,8 @@ def export(capsys, *argv):
                          ids=[s.stem for s in SPECS if "pipeline" not in load_spec(s).mesh])
 def test_json_export_of_every_bundled_spec(capsys, spec):
     exported, err = export(capsys, spec)
-    assert err == "" or err.startswith("shardplan: warning: the plan does not fit in memory")
+    assert err == "" or err.startswith(("shardplan: warning: the plan does not fit in memory",
+                                        "shardplan: note: the plan accumulates gradients"))
     loaded = load_spec(spec)
     fn = loaded.build().function
     assert exported["mesh"] == {"axes": list(loaded.mesh), "shape": list(loaded.mesh.values())}

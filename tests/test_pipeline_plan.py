@@ -70,15 +70,16 @@ def test_forward_programs_have_no_stages():
 
 def test_pipeline_defaults_and_the_stages_mesh():
     spec = parse_spec(SMALL + "mesh: {pipeline: 2, batch: 4}", "p.yaml")
-    assert (spec.stages, spec.microbatches, spec.pipeline_schedule) == (2, 8, None)  # 4 per stage, the planner's
+    assert (spec.stages, spec.microbatch_count, spec.pipeline_schedule) == (2, 8, None)  # 4 per stage, the planner's
     assert spec.sharding_mesh().axes == (("batch", 4),)
     plain = parse_spec(SMALL + "mesh: {batch: 8}", "p.yaml")
-    assert (plain.stages, plain.microbatches) == (1, 1)
+    assert (plain.stages, plain.microbatch_count) == (1, 1)
 
 
 def test_a_microbatch_count_that_does_not_split_the_batch_is_an_error():
     spec = parse_spec(SMALL + "mesh: {pipeline: 2, batch: 4}\npipeline: {microbatches: 3}", "p.yaml")
-    with pytest.raises(SpecError, match="p.yaml: pipeline: the batch of %x .64. does not split into 3 microbatches"):
+    with pytest.raises(SpecError, match="p.yaml: pipeline.microbatches: the batch of %x .64. does not split into 3 "
+                                        "microbatches"):
         plan_spec(spec, "cpsat")
 
 

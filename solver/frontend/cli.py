@@ -222,7 +222,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from solver.planning.spec import SpecError
 
     planned = _planned(args)
-    if planned.pipeline is not None:
+    accumulated = planned.pipeline is not None and planned.pipeline.stages == 1
+    if accumulated:  # the shardings hold for every microbatch: the plan shards a microbatch's batch
+        print(f"shardplan: note: the plan accumulates gradients over {planned.pipeline.microbatches} microbatches: "
+              "jit one microbatch's step with these shardings (the batch dimension is the microbatch's) and sum "
+              "the gradients in the training loop", file=sys.stderr)
+    elif planned.pipeline is not None:
         raise SpecError(f"{args.spec}: export hands jax.jit one SPMD program, and a pipelined plan is one program "
                         f"per stage (MPMD): export the stages' own axes (the mesh without {PIPELINE!r}), or see "
                         "them with shardplan lower")

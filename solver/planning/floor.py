@@ -29,7 +29,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import LowerOptions
 from solver.plan import Plan
-from solver.planning.pipelining import pipelined
+from solver.planning.pipelining import pipelined, search_nda
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, apply_schedule
 
@@ -84,8 +84,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
         try:
             prepared = prepare(remat)
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
-            plan = apply_schedule(prepared.nda, mesh, pins + spec.tactics(name))
-            if spec.stages > 1:
+            plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name))
+            if spec.pipelined:
                 _, cost = pipelined(spec, prepared.model, prepared.nda, plan, hardware, options)
                 step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:

@@ -24,7 +24,7 @@ from typing import Any
 from ir.lower import LowerOptions
 from ir.pipeline import PIPELINE
 from solver.planning.meshes import AUTO, DEFAULT_AXES, candidate_meshes, concrete_data, mesh_shape
-from solver.planning.pipelining import pipelined
+from solver.planning.pipelining import microbatch_counts, pipelined
 from solver.planning.planner import Planned, SearchOverrides, plan_spec, prepare
 from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -117,7 +117,10 @@ def _pipelined_rows(planned: Planned, mesh, stages: int, microbatches: tuple[int
     spec, plan, hardware = planned.spec, planned.plan, planned.spec.hardware_obj()
     d, t = data_and_tensor(planned)
     rows = []
+    splits = set(microbatch_counts(planned.nda, planned.model, plan))
     for k in microbatches:
+        if k not in splits:
+            continue  # K does not split the batch (times the plan's split): not a configuration
         if stages == 1 and k == 1:
             cost = planned.assessment.cost
             rows.append(GridRow(mesh, d, t, 1, 1, cost.step_time_s, cost.peak_memory_bytes, cost.fits, 0.0))
@@ -125,7 +128,7 @@ def _pipelined_rows(planned: Planned, mesh, stages: int, microbatches: tuple[int
         try:
             pipeline, cost = pipelined(spec, planned.model, planned.nda, plan, hardware, options, microbatches=k)
         except SpecError:
-            continue  # K does not split the batch (times the plan's split): not a configuration
+            continue  # a step that needs the whole batch at once (batch statistics): not a configuration
         rows.append(GridRow(mesh, d, t, stages, k, cost.step_time_s, max(cost.peak_memory_bytes), cost.fits,
                             cost.bubble_fraction, schedule=pipeline.schedule))
     return rows

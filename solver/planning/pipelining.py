@@ -1,5 +1,5 @@
-"""A plan with a `pipeline` mesh axis: its stages, their tasks and the
-schedule's cost, as the planner and the reports use them.
+"""A plan with a `pipeline` mesh axis or gradient accumulation: its stages,
+their tasks and the schedule's cost, as the planner and the reports use them.
 
 The plan itself shards one stage's devices (the mesh without its pipeline
 axis) and is the same for every stage: the stages of the programs here are
@@ -8,6 +8,21 @@ does not know about stages; so the search sees the device's memory times
 the stages, the share of the step one stage holds (1/P of the layers, and
 under GPipe the activations of every microbatch of them). The pipelined
 step's real peak is then computed stage by stage (`costmodel.pipeline`).
+
+Gradient accumulation (`microbatches: K` without a pipeline axis) is the
+same machinery with one stage: each microbatch's forward and backward, the
+gradients summed, one update, on a 1F1B schedule (one microbatch's
+activations live). Its search sees the device's own memory: the whole
+batch's step, which a plan that fits also fits with microbatches (the
+activations only shrink); a plan that fits only with microbatches is found
+by the re-ranking and the expert floor, which price the microbatched step.
+
+Whatever K is, the search sees the program as one microbatch's plans see
+it (`search_nda`): the batch splits only as far as a microbatch of it
+does, so the search never finds a plan its own pipeline refuses. With
+`microbatches: auto` the search sees the whole batch and K is chosen for
+its plan (`choose_microbatches`): the fastest step that fits among the
+counts that split the batch, K = 1 among them.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ from costmodel.pipeline import PipelineCost, pipeline_cost
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.pipeline import Pipeline, PipelineError, pipeline_step
+from ir.pipeline import Pipeline, PipelineError, microbatch_nda, pipeline_step
 from solver.plan import Plan
 from solver.planning.spec import Spec, SpecError
 
@@ -35,17 +50,58 @@ def search_hardware(spec: Spec, hardware: Hardware) -> Hardware:
     return hardware.model_copy(update={"device": device})
 
 
+def search_nda(spec: Spec, model: Model, nda: NDA) -> NDA:
+    """The analysis the spec's plans are made on: `nda` with the batch a
+    microbatch's (`ir.pipeline.microbatch_nda`) when K is fixed above 1."""
+    if spec.microbatches_auto or spec.microbatch_count == 1:
+        return nda
+    try:
+        return microbatch_nda(nda, model.inputs, spec.microbatch_count)
+    except PipelineError as exc:
+        field = "microbatches" if spec.microbatches is not None else "pipeline.microbatches"
+        raise SpecError(f"{spec.source}: {field}: {exc}") from exc
+
+
 def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
               options: LowerOptions | None = None, microbatches: int | None = None) -> tuple[Pipeline, PipelineCost]:
     """The spec's pipelined step under `plan` (which shards each stage), with
-    `microbatches` (default: the spec's), and its cost."""
+    `microbatches` (default: the spec's, or with `microbatches: auto` the
+    best count for the plan), and its cost."""
+    if microbatches is None and spec.microbatches_auto:
+        return choose_microbatches(spec, model, nda, plan, hardware, options)
     try:
         pipeline = pipeline_step(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
-                                 microbatches=microbatches or spec.microbatches, schedule="gpipe",
+                                 microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
                                  resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options)
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
     return with_schedule(pipeline, hardware, spec.pipeline_schedule)
+
+
+def microbatch_counts(nda: NDA, model: Model, plan: Plan) -> list[int]:
+    """The microbatch counts a plan can run with: the divisors of the batch
+    over the devices the plan splits it over."""
+    sharding = plan.materialize(nda)
+    batch = next(p for p in nda.function.params if p.name in model.inputs and p.type.rank)
+    split = math.prod(plan.mesh.size(a) for a in sharding.def_dims(nda, batch)[0])
+    per_device = batch.type.shape[0] // split
+    return [k for k in range(1, per_device + 1) if per_device % k == 0]
+
+
+def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                        options: LowerOptions | None = None) -> tuple[Pipeline, PipelineCost]:
+    """`microbatches: auto`: the plan's pipelined step with the count that
+    gives the fastest step that fits (the smaller count on a tie), else the
+    smallest peak; the counts are those that split the batch
+    (`microbatch_counts`)."""
+    best = None
+    for k in microbatch_counts(nda, model, plan):
+        pipeline, cost = pipelined(spec, model, nda, plan, hardware, options, microbatches=k)
+        key = (not cost.fits, cost.step_time_s if cost.fits else max(cost.peak_memory_bytes))
+        if best is None or key < best[0]:
+            best = (key, pipeline, cost)
+    assert best is not None  # K = 1 always splits the batch
+    return best[1], best[2]
 
 
 def pipelined_step_s(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
@@ -61,8 +117,10 @@ def pipelined_step_s(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: H
 
 def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None) -> tuple[Pipeline, PipelineCost]:
     """The pipeline on `schedule`, priced; None: GPipe, or 1F1B where
-    GPipe's microbatches in flight do not fit (the same time, less memory)."""
-    chosen = dataclasses.replace(pipeline, schedule=schedule or "gpipe")
+    GPipe's microbatches in flight do not fit (the same time, less memory);
+    1F1B for one stage (gradient accumulation: one microbatch at a time)."""
+    default = "1f1b" if pipeline.stages == 1 else "gpipe"
+    chosen = dataclasses.replace(pipeline, schedule=schedule or default)
     cost = pipeline_cost(chosen, hardware)
     if schedule is None and not cost.fits:
         chosen = dataclasses.replace(pipeline, schedule="1f1b")

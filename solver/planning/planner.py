@@ -28,7 +28,7 @@ from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
 from solver.planning.floor import Floor, expert_floor
-from solver.planning.pipelining import as_cost, pipeline_json, pipelined, pipelined_step_s, search_hardware
+from solver.planning.pipelining import as_cost, pipeline_json, pipelined, pipelined_step_s, search_hardware, search_nda
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -249,26 +249,27 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     the schedule's own manual plan."""
     prepared = programs(remat)
     model, nda = prepared.model, prepared.nda
+    planning = search_nda(spec, model, nda)  # the batch as a microbatch's plans split it
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
     t0 = time.perf_counter()
     mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
-    search = _Search(model, nda, mesh, search_hardware(spec, hardware), progress)
+    search = _Search(model, planning, mesh, search_hardware(spec, hardware), progress)
     search.make_table = lambda: programs.table(remat, search.hardware)
-    if spec.stages > 1:
+    if spec.pipelined:
         search.score = lambda plan, _: pipelined_step_s(spec, model, nda, plan, hardware, options)
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
-        search.hint = apply_schedule(nda, mesh, hint_tactics)
-    plan = apply_schedule(nda, mesh, tactics, search)
-    sharding = plan.materialize(nda)
+        search.hint = apply_schedule(planning, mesh, hint_tactics)
+    plan = apply_schedule(planning, mesh, tactics, search)
+    sharding = plan.materialize(planning)
     seconds["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     lowered = lower(model.function, nda, sharding, options or LowerOptions())
     seconds["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pipeline, pipeline_cost = pipelined(spec, model, nda, plan, hardware, options) if spec.stages > 1 else (None, None)
+    pipeline, pipeline_cost = pipelined(spec, model, nda, plan, hardware, options) if spec.pipelined else (None, None)
     assessment = Assessment(
         cost=evaluate(lowered.function, hardware) if pipeline is None else as_cost(pipeline, pipeline_cost),
         baseline=prepared.baseline,
@@ -456,6 +457,12 @@ def format_simulated(sim: dict[str, Any]) -> list[str]:
 
 def format_pipeline(report: dict[str, Any]) -> list[str]:
     """The pipeline section of the human-readable plan report."""
+    if report["stages"] == 1:
+        (st,) = report["per_stage"]
+        return [f"gradient accumulation: {report['microbatches']} microbatches one after another, the gradients "
+                f"summed, one update; forward {format_seconds(st['forward_s'])}, backward "
+                f"{format_seconds(st['backward_s'])} a microbatch; peak {format_bytes(st['peak_memory_bytes'])} "
+                f"({format_bytes(st['stash_bytes'])} of one microbatch's activations)"]
     per_k = sum(1 for t in report["transfers"] if t["per_microbatch"])
     lines = [f"pipeline: {report['stages']} stages x {report['microbatches']} microbatches, {report['schedule']}; "
              f"bubble {report['bubble_fraction']:.1%} of the step idle, "
@@ -584,7 +591,9 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
         lines.append(format_search(r))
     if report["expert_floor"]:
         lines.append(format_floor(report["expert_floor"], report["cost"]["step_time_s"]))
-    if report["search"] and report["pipeline"]:
+    if report["search"] and report["pipeline"] and report["pipeline"]["stages"] == 1:
+        lines.append("  (searched on the whole batch's step; the cost below is the accumulated step's)")
+    elif report["search"] and report["pipeline"]:
         lines.append(f"  (searched on the whole step over one stage's devices, with {report['pipeline']['stages']}x "
                      "their memory; the cost below is the pipelined step's)")
     if report["search"]:

@@ -25,6 +25,8 @@ misspelt key fails instead of being ignored:
     #   device: {name: my-chip, peak_flops: {f32: 50TFLOP/s, bf16: 400TFLOP/s},
     #            memory: 64GiB, memory_bandwidth: 2TB/s}
     #   links: {batch: {bandwidth: 25GB/s, latency: 10us}, model: {bandwidth: 300GB/s, latency: 1us}}
+    microbatches: 4             # optional: gradient accumulation (or a pipeline's
+                                #   microbatches): K, or auto (the planner's choice)
     schedule: [...]             # optional: the default schedule (a list of tactics)
     schedules:                  # optional: named schedules, each with what CI expects of it
       BP:
@@ -343,6 +345,8 @@ class Spec(_Strict):
     schedule: list[TacticSpec] = Field(default_factory=list)
     schedules: dict[str, ScheduleSpec] = Field(default_factory=dict)
     pipeline: PipelineSpec | None = None
+    # Gradient accumulation (and a pipeline's microbatches): K, or auto (the planner chooses K for its plan).
+    microbatches: Annotated[int, Field(strict=True, gt=0)] | Literal["auto"] | None = None
     # The file the spec came from, for the messages of errors found in build().
     _source: str = PrivateAttr("<spec>")
 
@@ -437,6 +441,11 @@ class Spec(_Strict):
         if PIPELINE in self.mesh and self.model.step == "forward":
             raise ValueError(f"mesh.{PIPELINE}: pipeline stages split a training step's forward and backward; "
                              "it needs model.step: train")
+        if self.microbatches is not None and self.model.step == "forward":
+            raise ValueError("microbatches: gradient accumulation sums a training step's gradients over "
+                             "microbatches; it needs model.step: train")
+        if self.microbatches is not None and self.pipeline is not None and self.pipeline.microbatches is not None:
+            raise ValueError("microbatches: given twice, here and as pipeline.microbatches; keep one")
         return self
 
     @property
@@ -445,12 +454,27 @@ class Spec(_Strict):
         return self.mesh.get(PIPELINE, 1)
 
     @property
-    def microbatches(self) -> int:
-        """Microbatches per step: `pipeline.microbatches`, else 4 per stage (1 without a pipeline)."""
-        if self.stages == 1:
-            return 1
+    def microbatch_count(self) -> int:
+        """Microbatches per step: `microbatches` (or `pipeline.microbatches`),
+        else 4 per stage, 1 without a pipeline; with `microbatches: auto`
+        that default is where the planner's choice starts from."""
         chosen = self.pipeline.microbatches if self.pipeline is not None else None
-        return chosen if chosen is not None else 4 * self.stages
+        if isinstance(self.microbatches, int):
+            chosen = self.microbatches
+        if chosen is not None:
+            return chosen
+        return 4 * self.stages if self.stages > 1 else 1
+
+    @property
+    def microbatches_auto(self) -> bool:
+        """`microbatches: auto`: the planner chooses K for its plan (`solver.planning.pipelining`)."""
+        return self.microbatches == "auto"
+
+    @property
+    def pipelined(self) -> bool:
+        """The step runs as stage tasks over microbatches (`ir.pipeline`): a
+        pipeline axis, or gradient accumulation (K > 1, or K chosen)."""
+        return self.stages > 1 or self.microbatch_count > 1 or self.microbatches_auto
 
     @property
     def pipeline_schedule(self) -> str | None:

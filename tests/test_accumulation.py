@@ -1,0 +1,172 @@
+"""Gradient accumulation: `microbatches: K` on a training step without a
+pipeline axis (one stage of `ir.pipeline`), and the microbatch-aware view
+of the program the searches plan on (`ir.pipeline.microbatch_nda`), which
+keeps every searched plan one the pipeline can run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir.autodiff import SGD, Adam, training_step
+from ir.core import Mesh
+from ir.interpret import random_inputs, run
+from ir.models.mlp import deep_mlp, mlp
+from ir.models.transformer import transformer
+from ir.nda import analyze
+from ir.pipeline import PipelineError, microbatch_nda, pipeline_step
+from ir.pipeline_run import run_pipeline
+from ir.sharding import Decision
+from solver.plan import Plan
+from solver.planning.planner import plan_spec
+from solver.planning.spec import SpecError, parse_spec, parse_yaml, validate_spec
+from solver.search.space import SearchSpace
+
+MESH = Mesh.of(batch=2, model=2)
+
+
+def _assert_same(model, pipeline) -> None:
+    inputs = random_inputs(model.function, seed=5)
+    expected = run(model.function, inputs, float_dtype=np.float64)
+    got = run_pipeline(pipeline, inputs, float_dtype=np.float64)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+def _decisions(model, weight: str, dim: int) -> list[Decision]:
+    nda = analyze(model.function)
+    fn = model.function
+    return [Decision("batch", nda.def_color(fn.param(model.inputs[0]), 0)),
+            Decision("model", nda.def_color(fn.param(weight), dim))]
+
+
+@pytest.mark.parametrize("model,weight,dim", [
+    (training_step(deep_mlp(layers=3, d_model=8, batch=16), optimizer=SGD()), "layers.0.w", 1),
+    (training_step(mlp(batch=16), optimizer=Adam()), "w1", 1),  # no repeated layers at all
+    (training_step(transformer(layers=2, batch=8), optimizer=Adam()), "layers.0.attn.wq", 1),
+], ids=["deep_mlp", "mlp", "transformer"])
+@pytest.mark.parametrize("microbatches", [2, 4])
+def test_accumulated_step_equals_the_whole_batch_step(model, weight, dim, microbatches):
+    nda = analyze(model.function)
+    pipeline = pipeline_step(model, nda, MESH, _decisions(model, weight, dim), stages=1,
+                             microbatches=microbatches, schedule="1f1b")
+    assert [t.phase for t in pipeline.tasks] == ["forward", "backward", "post"]
+    assert not pipeline.transfers
+    _assert_same(model, pipeline)
+
+
+def test_the_microbatch_view_splits_the_batch_only_as_far_as_a_microbatch():
+    model = training_step(deep_mlp(layers=2, d_model=8, batch=16), optimizer=SGD())
+    nda = analyze(model.function)
+    view = microbatch_nda(nda, model.inputs, 8)
+    batch = nda.def_color(model.function.param(model.inputs[0]), 0)
+    assert {view.iclasses[k].size for k in view.color_iclasses[batch]} == {2}
+    assert all(v.size == n.size for v, n in zip(view.iclasses, nda.iclasses) if v.color != batch)
+    assert microbatch_nda(nda, model.inputs, 1) is nda
+    with pytest.raises(PipelineError, match="does not split into 3 microbatches"):
+        microbatch_nda(nda, model.inputs, 3)
+    # 16 rows in 8 microbatches of 2: the batch splits over one of the two axes, not both.
+    plan = Plan(MESH).with_decisions(Decision("batch", batch), Decision("model", batch))
+    assert plan.materialize(nda).def_dims(nda, model.function.param("x"))[0] == ("batch", "model")
+    assert plan.materialize(view).def_dims(view, model.function.param("x"))[0] == ("batch",)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_every_plan_of_the_view_pipelines_as_the_search_priced_it(stages):
+    # The search's whole space on the view: each point's plan runs with K microbatches, and every
+    # stage holds each step input as the view's plan shards it (micro in front of the batch).
+    model = training_step(deep_mlp(layers=2, d_model=8, batch=8), optimizer=SGD())
+    nda = analyze(model.function)
+    mesh = Mesh.of(data=2, model=2)
+    view = microbatch_nda(nda, model.inputs, 4)
+    space = SearchSpace(view, Plan(mesh), mesh.names, data_inputs=model.inputs)
+    changed = 0
+    for point in space.points():
+        plan = space.plan(point)
+        pipeline = pipeline_step(model, nda, mesh, plan.decisions, stages=stages, microbatches=4,
+                                 resolutions=dict(plan.resolutions), replicated=plan.replicated)
+        searched = plan.materialize(view)
+        for p, dims in zip(model.function.params, pipeline.local.param_dims):
+            assert tuple(tuple(a for a in axes if a != "micro") for axes in dims) == searched.def_dims(view, p)
+        changed += plan.materialize(nda).axes != searched.axes
+    assert changed  # some plans split the whole batch further than a microbatch
+
+
+SPEC = """
+model: {{builder: transformer, args: {{layers: 2, d_model: 32, heads: 4, head_dim: 8, mlp_hidden: 64, vocab: 64,
+        seq: 16, batch: 8}}}}
+mesh: {{data: 4, model: 2}}
+hardware: A100-80GB
+{extra}
+schedules:
+  DP+MP:
+    tactics:
+      - {{manual: {{axis: data, values: {{batch.tokens: 0}}}}}}
+      - {{manual: {{axis: model, values: {{"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}}}}
+"""
+
+
+def _spec(extra: str, name: str = "acc"):
+    return parse_spec(SPEC.format(extra=extra), f"{name}.yaml")
+
+
+def test_microbatches_without_a_pipeline_accumulate_gradients():
+    whole = plan_spec(_spec(""), schedule="DP+MP")
+    acc = plan_spec(_spec("microbatches: 2"), schedule="DP+MP")
+    assert whole.pipeline is None
+    assert (acc.pipeline.stages, acc.pipeline.microbatches, acc.pipeline.schedule) == (1, 2, "1f1b")
+    # One microbatch's activations live instead of the whole batch's; the weights' state is the same.
+    assert acc.assessment.cost.peak_memory_bytes < whole.assessment.cost.peak_memory_bytes
+    counts = acc.pipeline.collective_counts()
+    # Megatron's all_reduces run per microbatch; each gradient's over data once, after the sum.
+    assert counts["all_reduce"] > sum(1 for op in whole.lowered.function.ops if op.kind == "all_reduce")
+
+
+def test_a_searched_plan_always_pipelines_with_its_microbatches():
+    # 8 sequences in 4 microbatches of 2: a microbatch cannot split over data (4). The search's best
+    # plan of the whole batch puts the batch on data, which its own pipeline then refused (issue 34).
+    planned = plan_spec(_spec("microbatches: 4"), solver="cpsat", floor=False)
+    assert planned.pipeline is not None and planned.pipeline.microbatches == 4
+    tokens = planned.model.function.param("batch.tokens")
+    assert "data" not in planned.sharding.def_dims(planned.nda, tokens)[0]
+
+
+def _with_memory(capacity_bytes: int):
+    """The auto spec on an A100-80GB's figures with `capacity_bytes` of memory."""
+    a100 = _spec("").hardware_obj()
+    data = parse_yaml(SPEC.format(extra="microbatches: auto"), "small.yaml")
+    data["hardware"] = {
+        "device": {"name": "small", "peak_flops": {k: f"{v}FLOP/s" for k, v in a100.device.peak_flops.items()},
+                   "memory": f"{capacity_bytes}B", "memory_bandwidth": f"{a100.device.memory_bandwidth}B/s"},
+        "links": {a: {"bandwidth": f"{link.bandwidth}B/s", "latency": f"{link.latency}s"}
+                  for a, link in a100.links.items()}}
+    return validate_spec(data, "small.yaml")
+
+
+def test_microbatches_auto_chooses_a_count_that_splits_the_batch():
+    planned = plan_spec(_spec("microbatches: auto"), schedule="DP+MP")
+    # Everything fits at K = 1, and a microbatched step is never faster: the whole batch at once.
+    assert planned.pipeline.microbatches == 1
+    whole = planned.assessment.cost.peak_memory_bytes
+    halves = plan_spec(_spec("microbatches: 2"), schedule="DP+MP").assessment.cost.peak_memory_bytes
+    tight = plan_spec(_with_memory((whole + halves) // 2), schedule="DP+MP")
+    # The whole batch no longer fits; two microbatches of the 2 sequences a device holds do.
+    assert tight.pipeline.microbatches == 2 and tight.assessment.cost.fits
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("microbatches: 3", "does not split into 3 microbatches"),
+    ("microbatches: 0", "microbatches"),
+])
+def test_microbatch_errors_name_the_field(extra, message):
+    with pytest.raises(SpecError, match=message):
+        plan_spec(_spec(extra), schedule="DP+MP")
+
+
+def test_microbatches_need_a_training_step_and_are_given_once():
+    with pytest.raises(SpecError, match="microbatches: .*needs model.step: train"):
+        parse_spec(SPEC.format(extra="microbatches: 2").replace("batch: 8}}", "batch: 8}, step: forward}"), "f.yaml")
+    with pytest.raises(SpecError, match="given twice"):
+        parse_spec(SPEC.format(extra="microbatches: 2\npipeline: {microbatches: 2}").replace(
+            "{data: 4, model: 2}", "{pipeline: 2, data: 2, model: 2}"), "p.yaml")
