@@ -212,7 +212,8 @@ class Walk:
 
     def peak_memory_bytes(self) -> int:
         """Replay the device-local program's positions: op i sits after the
-        collectives of its operands' chains (in operand order); the partial
+        collectives of its operands' chains (in operand order), a chain that
+        only reduces a partial sum right after the sum's op; the partial
         results' reductions follow the last op. Every local value lives from
         its definition to its last read: op results, the reduced value of a
         partial sum (from the step that reduces it), and each collective's
@@ -222,10 +223,17 @@ class Walk:
         if not n:
             return int(self.value_bytes[: t.num_params].sum())
         steps, chain_op = self.chain_steps, t.edge_op[self.chain_edges]
-        emitted = np.bincount(chain_op, weights=steps, minlength=n).astype(np.int64)
+        # A chain that only reduces a partial sum sits right after the sum's op (`ir.lower`), first
+        # among the chains emitted there; the others right before their op, in program order.
+        reduces = np.array([c.reduce_count for c in self.chains], dtype=np.int64)[self.chain_index] == steps
+        hoisted = reduces & np.isin(self.chain_edges, self.reducing)
+        insert = np.where(hoisted, t.edge_vid[self.chain_edges] - t.num_params + 1, chain_op)
+        order = np.lexsort((~hoisted, insert))
+        before = np.empty_like(steps)
+        before[order] = np.cumsum(steps[order]) - steps[order]  # steps of the chains placed before each
+        emitted = np.bincount(insert, weights=steps, minlength=n).astype(np.int64)
         op_pos = np.arange(n, dtype=np.int64) + np.cumsum(emitted)
-        before = np.cumsum(steps) - steps  # steps of the chains before each, in program order
-        start = chain_op + before  # position of each chain's first step
+        start = insert + before  # position of each chain's first step
         end_steps = [len(c.priced.kinds) for _, c in self.end_chains]
         end = int(op_pos[-1]) + 1 + sum(end_steps)
         # Where each use reads its value: its chain's first step, or its op.
@@ -240,7 +248,7 @@ class Walk:
             read = read[grouped]
             own_last[t.used_values] = np.maximum.reduceat(np.where(after, -1, read), t.first_use_of)
             reduced_last[t.used_values] = np.maximum.reduceat(np.where(after, read, -1), t.first_use_of)
-        spans = [_temporaries(self.chains, self.chain_index, start, before, op_pos[chain_op]),
+        spans = [_temporaries(self.chains, self.chain_index, start, np.cumsum(steps) - steps, op_pos[chain_op]),
                  self._reduced(start, op_pos, reduced_last, end)]
         pos = int(op_pos[-1]) + 1
         for (v, chain), count in zip(self.end_chains, end_steps):

@@ -21,7 +21,12 @@ sharding:
     a partial by a non-partial value) when that op is its only use, and is
     reduced once, where a non-linear consumer, a second consumer or a result
     needs the full value (flowing into one of several uses would reduce the
-    same sum twice);
+    same sum twice). A use that only reduces it (its reduce_scatter or
+    all_reduce already gives the sharding the use wants) has the reduction
+    emitted right after the op that completes the sum, not before the use:
+    a gradient leaves as soon as it is made, as ZeRO and FSDP reduce each
+    bucket during the backward, instead of every layer's full gradient
+    waiting for the optimizer update;
   - an op's attributes that spell out shapes are localized by its kind's
     `localize` rule.
 
@@ -88,6 +93,8 @@ class _Lowering:
     env: dict[Value, _Local] = field(default_factory=dict)
     cache: dict[tuple, Value] = field(default_factory=dict)
     taken: set[str] = field(default_factory=set)
+    # Per partial local value, the collectives that only reduce it: emitted right after its op.
+    hoisted: dict[Value, list[Op]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.b = Builder(self.fn.name, self.sharding.mesh)
@@ -117,12 +124,17 @@ class _Lowering:
             x = self.collective(step.kind, x, SUFFIX[step.kind], **dict(step.attrs))
         return x
 
-    def operand(self, v: Value, want: DimAxes, keep_partial: bool) -> Value:
+    def operand(self, v: Value, want: DimAxes, keep_partial: bool, hoist: bool = True) -> Value:
         state = self.env[v]
         if state.partial and not keep_partial:
             steps = reduce_steps(state.dims, state.partial, state.combiner, want)
+            emitted = len(self.b.body)
+            partial = state.value
             state = _Local(self.apply(state.value, steps), steps[-1].dims)
             self.env[v] = state  # reduced once: later uses start from the full value
+            if hoist and state.dims == want:  # only reduced: it goes right after the sum is complete
+                self.hoisted[partial] = self.b.body[emitted:]
+                del self.b.body[emitted:]
         if state.dims == want:
             return state.value
         key = (v, want, state.partial)
@@ -173,10 +185,11 @@ class _Lowering:
             if ops.get(op.kind).is_collective:
                 raise LoweringError(f"{op.describe()}: the input must be a global program without collectives")
             self.lower_op(i, op)
+        self.b.body[:] = [placed for op in self.b.body for placed in (op, *self.hoisted.get(op.results[0], ()))]
         results, result_dims = [], []
         for r in self.fn.results:
             state = self.env[r]
-            results.append(self.operand(r, state.dims, keep_partial=False))
+            results.append(self.operand(r, state.dims, keep_partial=False, hoist=False))
             result_dims.append(self.env[r].dims)
         return Lowered(self.b.build(results), tuple(param_dims), tuple(result_dims))
 

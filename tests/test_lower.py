@@ -27,6 +27,8 @@ import pytest
 from conftest import TESTS
 from spmd_check import assert_lowering_matches
 
+from costmodel.evaluate import evaluate
+from costmodel.hardware import preset_hardware
 from ir import ops
 from ir.autodiff import SGD, training_step
 from ir.builder import Builder
@@ -250,6 +252,35 @@ def test_zero3_lowers_correctly_with_and_without_reuse(name, strategy, train):
     assert reused.counts["all_gather"] <= fresh.counts["all_gather"]
     if train:
         assert reused.counts["all_gather"] < fresh.counts["all_gather"]
+
+
+def test_gradients_are_reduced_right_after_they_are_made():
+    # ZeRO-3 on a deep MLP with Adam: each weight gradient's reduce_scatter follows the op that makes
+    # it (as ZeRO/FSDP reduce buckets during the backward), not the optimizer update at the end, so the
+    # serial peak holds one full gradient at a time, not all eight.
+    layers, d_model = 8, 16
+    model = training_step(build("deep_mlp", layers=layers, d_model=d_model, batch=8))
+    mesh = Mesh.of(batch=8)
+    checked = check_lowering(model, mesh, plan([("x", 0, "batch")], "zero3:batch"))
+    fn = checked.function
+    scatters = [i for i, op in enumerate(fn.ops) if op.kind == "reduce_scatter"]
+    assert len(scatters) == layers
+    for i in scatters:
+        (operand,) = fn.ops[i].operands
+        assert fn.ops[i - 1].results[0] == operand, f"{fn.ops[i].describe()} waits after its gradient is made"
+    first_update = next(i for i, op in enumerate(fn.ops) if op.results[0].name.endswith(".new"))
+    assert scatters[-1] < first_update  # every gradient leaves during the backward
+    # The same program with each reduce_scatter right before its first reader, where it used to be.
+    moved = {fn.ops[i] for i in scatters}
+    first_reader = {op.operands[0]: next(o for o in fn.ops if op.results[0] in o.operands) for op in moved}
+    waiting = Function(fn.name, fn.params, tuple(
+        placed for op in fn.ops if op not in moved
+        for placed in [s for s in moved if first_reader[s.operands[0]] is op] + [op]), fn.results, fn.mesh)
+    hardware = preset_hardware("A100-80GB", mesh.names)
+    saved = evaluate(waiting, hardware).peak_memory_bytes - evaluate(fn, hardware).peak_memory_bytes
+    # The eight full gradients were held at once at the end of the backward; now the peak is the
+    # updated parameters and moments at the end, an eighth of a gradient's size each.
+    assert saved >= layers // 2 * d_model * d_model * 4
 
 
 # ------------------------------------------ sequence sharding (Figure 5b)

@@ -9,10 +9,11 @@ every lowering keeps live there, whatever the sharding:
   - parameters, resident throughout;
   - an op's result from its op until its last reader, if it can never be a
     partial sum;
-  - one that may be a partial sum: whole until its first reader (where the
-    lowering reduces it), then its reduced value until its last reader, at
-    its size over the axes it was partial over (a reduce_scatter splits it
-    over those at most): the `held_bytes` of its op term;
+  - one that may be a partial sum: whole at its op, then its reduced value
+    until its last reader (the lowering reduces it at its first reader, or
+    right after its op where the reduction is all that reader's resharding
+    does), at its size over the axes it was partial over (a reduce_scatter
+    splits it over those at most): the `held_bytes` of its op term;
   - at an op, each operand it reads for the last time, at the size the op
     reads it (the value itself, or its resharding's last result): the op
     term's `use_bytes`;
@@ -65,8 +66,9 @@ class LiveBound:
                 continue
             first = int(t.first_user[v])
             held = size // math.prod(t.mesh.size(a) for a in t.mask_axes[partial.get(v, 0)])
-            self._span(own, v, i, i, first - 1, "result_bytes", size)
-            self._span(own, v, i, max(i, first), last, "held_bytes", held)
+            # Whole where its op makes it; a reduction that only reduces it follows at once (`ir.lower`).
+            self._span(own, v, i, i, min(i, first - 1), "result_bytes", size)
+            self._span(own, v, i, max(i + 1, first), last, "held_bytes", held)
         delta = np.zeros(n + 1, dtype=np.int64)
         ending = np.zeros(n + 1, dtype=np.int64)
         for _, first, last, _, size in self.spans:
