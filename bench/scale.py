@@ -80,23 +80,26 @@ def run_point(layers: int) -> dict:
     return json.loads(out.stdout)
 
 
-def run_command(spec: str, solver: str) -> dict:
-    """`shardplan plan SPEC --solver S --json` as a user runs it: wall time, peak RSS, the answer."""
-    command = [sys.executable, "-m", "solver.frontend.cli", "plan", spec, "--solver", solver, "--json"]
+def run_command(spec: str, *flags: str) -> dict:
+    """`shardplan plan SPEC FLAGS --json` as a user runs it: wall time, peak RSS, the answer."""
+    command = [sys.executable, "-m", "solver.frontend.cli", "plan", spec, *flags, "--json"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     wall = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    row = {"spec": spec, "solver": solver, "wall_s": wall,
+    row = {"spec": spec, "flags": " ".join(flags), "wall_s": wall,
            "rss_gb": rss * 1024 / 1e9 if rss > before else None}  # the largest child so far: ours if it grew
     if out.returncode:
         row["error"] = (out.stderr.strip().splitlines() or ["failed"])[-1]
         return row
     report = json.loads(out.stdout)
     search = report["search"][0] if report.get("search") else {}
+    floor = report.get("expert_floor") or {}
     row.update(step_time_s=report["cost"]["step_time_s"], fits=report["cost"]["fits"],
-               status=search.get("status"), remat=report.get("remat"))
+               peak_gib=report["cost"]["peak_memory_bytes"] / 2**30, status=search.get("status"),
+               remat=report.get("remat"), floor_kept=floor.get("kept", False),
+               searched_step_s=floor.get("searched_step_time_s", report["cost"]["step_time_s"]))
     return row
 
 
@@ -126,7 +129,7 @@ def curve_table(rows: list[dict]) -> str:
 def command_table(rows: list[dict]) -> str:
     lines = ["| command | answer | step time | wall | peak RSS |", "|---|---|---:|---:|---:|"]
     for r in rows:
-        command = f"`shardplan plan {r['spec']} --solver {r['solver']}`"
+        command = f"`shardplan plan {r['spec']} {r['flags']}`"
         rss = f"{r['rss_gb']:.2f} GB" if r.get("rss_gb") else "n/a"
         if "error" in r:
             lines.append(f"| {command} | {r['error']} | | {r['wall_s']:.0f} s | {rss} |")
@@ -152,7 +155,8 @@ def main() -> None:
     for layers in (int(n) for n in args.layers.split(",")):
         curve.append(run_point(layers))
         print(json.dumps(curve[-1]), file=sys.stderr)
-    commands = [] if args.no_commands else [run_command("specs/llama2_70b.yaml", s) for s in ("cpsat", "mcts")]
+    commands = [] if args.no_commands else [run_command("specs/llama2_70b.yaml", "--solver", s)
+                                            for s in ("cpsat", "mcts")]
     if args.json:
         print(json.dumps({"curve": curve, "commands": commands}, indent=2))
         return

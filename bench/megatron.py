@@ -1,0 +1,126 @@
+"""Megatron-LM's published GPT configurations under the cost model.
+
+The ten model shapes of Narayanan et al. (SC 2021, Table 1;
+../shared/megatron_gpt_configs.json), 1.7B to 1T parameters on 32 to 3,072
+A100-80GB, each with its published tensor x pipeline x data split, global
+batch and one sequence per data replica per microbatch, every layer
+recomputed: `specs/megatron/*.yaml` (the 18.4B one is the bundled
+`specs/megatron_gpt_18b.yaml`, which CI checks). Per configuration:
+
+  - the published split as written (`plan --schedule Megatron`): the step
+    time the cost model predicts (a pipeline's simulated 1F1B schedule), the
+    model FLOP/s per GPU that implies (the paper's count of a step's flops,
+    96 B s l h^2 (1 + s / 6h + V / 16 l h), recomputation included), the
+    peak memory and whether it fits;
+  - with `--search`, `plan --solver cpsat` on the same mesh, as a user runs
+    it (the expert floor, the remat search and, for a pipeline or
+    microbatches, the re-ranking by the microbatched step): its answer, the
+    searched plan's own step time, wall time and peak RSS.
+
+Each command runs in a process of its own (`resource.getrusage`).
+
+    python bench/megatron.py [--only 145.6] [--search] [--json] [--write-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
+sys.path.append(_HERE)  # after the packages: bench/costmodel.py must not shadow costmodel
+from scale import ROOT, run_command  # noqa: E402
+
+CONFIGS = ROOT.parent / "shared" / "megatron_gpt_configs.json"
+VOCAB, SEQ = 51200, 2048
+
+
+def spec_path(config: dict) -> str:
+    if config["params_billion"] == 18.4:
+        return "specs/megatron_gpt_18b.yaml"
+    name = f"gpt_{config['params_billion']:g}b".replace(".", "_")
+    return f"specs/megatron/{name}.yaml"
+
+
+def step_flops(config: dict) -> float:
+    """The paper's flops of one training step with every layer recomputed."""
+    b, s, layers, h = config["global_batch"], SEQ, config["layers"], config["hidden"]
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + VOCAB / (16 * layers * h))
+
+
+def measure(config: dict, search: bool) -> dict:
+    spec = spec_path(config)
+    row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", "Megatron")}
+    published = row["published"]
+    if "error" not in published:
+        published["tflops_per_gpu"] = step_flops(config) / published["step_time_s"] / config["gpus"] / 1e12
+    if search:
+        row["cpsat"] = run_command(spec, "--solver", "cpsat")
+    return row
+
+
+def _split(c: dict) -> str:
+    return f"{c['tensor']} x {c['pipeline']} x {c['data']}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | t x p x d | GPUs | batch, microbatches | published split: step time | model TFLOP/s per GPU "
+             "| peak memory | plan wall | CP-SAT answer | searched plan | search wall, peak RSS |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        c, p = r["config"], r["published"]
+        k = c["global_batch"] // c["data"]
+        head = f"| {c['params_billion']:g}B | {_split(c)} | {c['gpus']:,} | {c['global_batch']:,}, K = {k} |"
+        if "error" in p:
+            lines.append(f"{head} {p['error']} | | | {p['wall_s']:.0f} s | | | |")
+            continue
+        fit = "fits" if p["fits"] else "DOES NOT FIT"
+        cells = (f" {p['step_time_s']:.2f} s | {p['tflops_per_gpu']:.0f} | {p['peak_gib']:.1f} GiB, {fit} | "
+                 f"{p['wall_s']:.0f} s |")
+        s = r.get("cpsat")
+        if s is None:
+            lines.append(f"{head}{cells} not run | | |")
+        elif "error" in s:
+            lines.append(f"{head}{cells} {s['error']} | | {s['wall_s']:.0f} s |")
+        else:
+            kept = " (the published split)" if s.get("floor_kept") else ""
+            searched = f"{s['searched_step_s']:.2f} s" if s.get("searched_step_s") else "none fits"
+            rss = f"{s['rss_gb']:.2f} GB" if s.get("rss_gb") else "n/a"
+            lines.append(f"{head}{cells} {s['step_time_s']:.2f} s{kept} | {searched} | {s['wall_s']:.0f} s, {rss} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", metavar="BILLIONS", help="only this size, e.g. 145.6 (repeatable)")
+    parser.add_argument("--search", action="store_true", help="also plan each configuration with --solver cpsat")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
+    args = parser.parse_args()
+    configs = json.loads(CONFIGS.read_text())["configs"]
+    if args.only:
+        configs = [c for c in configs if f"{c['params_billion']:g}" in args.only]
+    rows = []
+    for config in configs:
+        rows.append(measure(config, args.search))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    text = (table(rows) + "\n\nThe published split priced as written (the step time a pipeline's 1F1B schedule "
+            "simulates; TFLOP/s: the paper's flop count over that time and the GPUs); CP-SAT on the same mesh "
+            f"with the published split as its floor. Python {platform.python_version()} on {platform.machine()}, "
+            f"`python bench/megatron.py{' --search' if args.search else ''}`.")
+    print(text)
+    if args.write_readme:
+        from readme_table import write_table
+
+        write_table("megatron-table", text)
+
+
+if __name__ == "__main__":
+    main()
