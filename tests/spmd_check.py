@@ -42,3 +42,17 @@ def assert_lowering_matches(model: Model, lowered: Lowered, seed: int = 0, rtol:
     for r, blocks, dims, expected in zip(fn.results, got, lowered.result_dims, want):
         actual = unshard(blocks, dims, mesh, rtol=rtol, atol=rtol)
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol, err_msg=f"result %{r.name}")
+
+
+def assert_pipeline_matches(model: Model, pipeline, seed: int = 3) -> None:
+    """Run a pipelined (or accumulated) step's tasks in schedule order on the
+    simulated mesh and compare every result with the unpartitioned step."""
+    from ir.interpret import random_inputs
+    from ir.pipeline_run import run_pipeline
+
+    inputs = random_inputs(model.function, seed=seed)
+    expected = run(model.function, inputs, float_dtype=np.float64)
+    got = run_pipeline(pipeline, inputs, float_dtype=np.float64)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)

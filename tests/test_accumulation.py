@@ -5,17 +5,15 @@ keeps every searched plan one the pipeline can run."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from spmd_check import assert_pipeline_matches
 
 from ir.autodiff import SGD, Adam, training_step
 from ir.core import Mesh
-from ir.interpret import random_inputs, run
 from ir.models.mlp import deep_mlp, mlp
 from ir.models.transformer import transformer
 from ir.nda import analyze
 from ir.pipeline import PipelineError, microbatch_nda, pipeline_step
-from ir.pipeline_run import run_pipeline
 from ir.sharding import Decision
 from solver.plan import Plan
 from solver.planning.planner import plan_spec
@@ -23,15 +21,6 @@ from solver.planning.spec import SpecError, parse_spec, parse_yaml, validate_spe
 from solver.search.space import SearchSpace
 
 MESH = Mesh.of(batch=2, model=2)
-
-
-def _assert_same(model, pipeline) -> None:
-    inputs = random_inputs(model.function, seed=5)
-    expected = run(model.function, inputs, float_dtype=np.float64)
-    got = run_pipeline(pipeline, inputs, float_dtype=np.float64)
-    assert len(got) == len(expected)
-    for e, g in zip(expected, got):
-        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
 
 
 def _decisions(model, weight: str, dim: int) -> list[Decision]:
@@ -53,7 +42,7 @@ def test_accumulated_step_equals_the_whole_batch_step(model, weight, dim, microb
                              microbatches=microbatches, schedule="1f1b")
     assert [t.phase for t in pipeline.tasks] == ["forward", "backward", "post"]
     assert not pipeline.transfers
-    _assert_same(model, pipeline)
+    assert_pipeline_matches(model, pipeline, seed=5)
 
 
 def test_the_microbatch_view_splits_the_batch_only_as_far_as_a_microbatch():

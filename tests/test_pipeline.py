@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
+from spmd_check import assert_pipeline_matches
 
 from costmodel.hardware import preset_hardware
 from costmodel.pipeline import live_peak_bytes, pipeline_cost, simulate_schedule
 from ir.autodiff import SGD, Adam, training_step
 from ir.builder import Builder
 from ir.core import Mesh
-from ir.interpret import InterpretError, random_inputs, run
+from ir.interpret import InterpretError, random_inputs
 from ir.models.mlp import deep_mlp
 from ir.models.transformer import transformer
 from ir.nda import analyze
@@ -46,21 +46,12 @@ def _pipelined(model, first_weight: str, stages: int, microbatches: int, schedul
                          microbatches=microbatches, schedule=schedule)
 
 
-def _assert_same(model, pipeline) -> None:
-    inputs = random_inputs(model.function, seed=3)
-    expected = run(model.function, inputs, float_dtype=np.float64)
-    got = run_pipeline(pipeline, inputs, float_dtype=np.float64)
-    assert len(got) == len(expected)
-    for e, g in zip(expected, got):
-        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
-
-
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("microbatches", [1, 2, 4])
 @pytest.mark.parametrize("stages", [2, 4])
 def test_pipelined_deep_mlp_equals_the_reference(stages, microbatches, schedule):
     model = _mlp()
-    _assert_same(model, _pipelined(model, "layers.0.w", stages, microbatches, schedule))
+    assert_pipeline_matches(model, _pipelined(model, "layers.0.w", stages, microbatches, schedule))
 
 
 @pytest.mark.parametrize("stages,microbatches,tied", [(2, 1, False), (2, 4, True), (4, 2, False), (4, 4, True)])
@@ -69,7 +60,7 @@ def test_pipelined_transformer_with_adam_equals_the_reference(stages, microbatch
     # embeddings send the head's gradient contribution back to stage 0.
     model = training_step(transformer(layers=4, batch=8, tied_embeddings=tied), optimizer=Adam())
     pipeline = _pipelined(model, "layers.0.attn.wq", stages, microbatches, "1f1b")
-    _assert_same(model, pipeline)
+    assert_pipeline_matches(model, pipeline)
     if tied:
         assert any(t.src == stages - 1 and t.dst == 0 and t.phase == "backward" for t in pipeline.transfers)
 
@@ -217,6 +208,6 @@ def test_rematerialized_layers_pipeline_and_stash_only_their_inputs():
     remat = dataclasses.replace(model, function=rematerialize(model.function, model.forward_ops, [0, 1, 2, 3]))
     hardware = preset_hardware("V100-32GB", [PIPELINE, "batch", "model"])
     plain, recomputed = (_pipelined(m, "layers.0.w", 2, 4, "1f1b") for m in (model, remat))
-    _assert_same(remat, recomputed)
+    assert_pipeline_matches(remat, recomputed)
     before, after = (pipeline_cost(p, hardware).memory for p in (plain, recomputed))
     assert all(a.stash_bytes < b.stash_bytes for a, b in zip(after, before))
