@@ -74,7 +74,10 @@ class CostTable:
     point of it. Evaluations are deterministic and independent of the order
     in which plans are evaluated."""
 
-    def __init__(self, fn: Function, nda: NDA, mesh: Mesh, hardware: Hardware) -> None:
+    def __init__(self, fn: Function, nda: NDA, mesh: Mesh, hardware: Hardware,
+                 microbatches: tuple[Sequence[str], int] | None = None) -> None:
+        """`microbatches`: (the batch inputs, K) when the step runs as K
+        microbatches (`repeats_per_microbatch`); None: once, as written."""
         if nda.function is not fn:
             raise IRError("the NDA was computed for a different function")
         for op in fn.ops:
@@ -90,6 +93,12 @@ class CostTable:
         self._sentinel = len(nda.iclasses)  # an extra I-class that is never sharded
         self._index_values()
         self._index_edges()
+        self.edge_repeat = np.ones(len(self.edge_op), dtype=np.int64)  # how often a use's resharding runs
+        if microbatches is not None:
+            per_op, varying = microbatch_repeats(fn, nda, *microbatches)
+            # A use of what is the same in every microbatch (a weight) is resharded again for each
+            # microbatch its op runs on; a microbatch's own values are K times smaller, K times.
+            self.edge_repeat = np.where(varying[self.edge_vid], 1, per_op[self.edge_op])
         self.op_signature_of: list[int] = []
         self._index_ops()
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
@@ -347,6 +356,37 @@ class CostTable:
             sizes.append(after.num_bytes)
             before = after
         return _ChainCost(tuple(kinds), tuple(seconds), tuple(sizes))
+
+
+def microbatch_repeats(fn: Function, nda: NDA, inputs: Sequence[str], microbatches: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """How often each op of a step run as `microbatches` runs (`ir.pipeline`'s
+    placement): K for an op over the batch (a factor of the batch inputs'
+    color, kept or reduced), as often as its first reader for one made from
+    weights and constants alone, once for the rest (the update, after the
+    sums); and per value (parameters, then op results) whether it depends
+    on the batch inputs."""
+    from ir.pipeline import microbatch_decision
+
+    batch = microbatch_decision(nda, inputs).color
+    index = {p: k for k, p in enumerate(fn.params)}
+    index.update((op.results[0], len(fn.params) + i) for i, op in enumerate(fn.ops))
+    varying = np.zeros(len(index), dtype=bool)
+    varying[[index[fn.param(name)] for name in inputs]] = True
+    readers: list[list[int]] = [[] for _ in fn.ops]
+    for i, op in enumerate(fn.ops):
+        operands = [index[v] for v in op.operands]
+        varying[len(fn.params) + i] = varying[operands].any()
+        for v in operands:
+            if v >= len(fn.params):
+                readers[v - len(fn.params)].append(i)
+    per_op = np.ones(len(fn.ops), dtype=np.int64)
+    for i in reversed(range(len(fn.ops))):
+        if any(k >= 0 and nda.iclasses[k].color == batch for k in nda.op_factor_iclass[i]):
+            per_op[i] = microbatches
+        elif not varying[len(fn.params) + i] and readers[i]:
+            per_op[i] = per_op[readers[i][0]]
+    return per_op, varying
 
 
 @dataclass(frozen=True, slots=True)

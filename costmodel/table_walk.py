@@ -163,7 +163,7 @@ class Walk:
         edges = np.concatenate([self.reducing, rest])
         order = np.argsort(edges, kind="stable")
         edges, index = edges[order], index[order]
-        counts = np.bincount(index, minlength=len(chains))
+        counts = np.bincount(index, weights=t.edge_repeat[edges], minlength=len(chains)).astype(np.int64)
         for chain, count in zip(chains, counts.tolist()):
             self._tally(chain.priced, count, by_kind)
         lengths = np.array([len(c.priced.kinds) for c in chains], dtype=np.int64)

@@ -41,6 +41,7 @@ on the simulated mesh; `costmodel.pipeline` prices them.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -290,13 +291,17 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
 
 def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Value, str]], set[str]]:
     """The ops with each all_reduce over `micro` replaced by the sum over
-    microbatches (a value `<t>.sum` the executor provides) all_reduced over
-    the other axes, or by that sum alone; the results so renamed; the
+    microbatches (a value `<t>.sum` the executor provides; before the
+    reduce_scatters that led to it, which then run on the sum) all_reduced
+    over the other axes, or by that sum alone; the results so renamed; the
     (value, sum) pairs; the names of the per-microbatch values."""
     fn = lowered.function
     varying = {p.name for p, dims in zip(fn.params, lowered.param_dims) if any(MICRO in d for d in dims)}
+    readers = Counter(v for op in fn.ops for v in op.operands) + Counter(fn.results)
     renamed: dict[Value, Value] = {}
     body, sums = [], []
+    made_at: dict[Value, int] = {}
+    moved: set[int] = set()
     for op in fn.ops:
         operands = tuple(renamed.get(v, v) for v in op.operands)
         micro = ops.get(op.kind).is_collective and MICRO in op.attrs["axes"]
@@ -304,20 +309,34 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
             raise PipelineError(f"{op.describe()}: the step needs the whole batch here ({op.kind} over the "
                                 "microbatches), so it cannot be split into microbatches")
         if not micro:
+            made_at[op.results[0]] = len(body)
             body.append(Op(op.kind, operands, op.results, op.attrs))
             if any(v.name in varying for v in operands):
                 varying.update(r.name for r in op.results)
             continue
         (t,) = operands
+        # The lowering reduce_scatters a gradient over the axes its update splits before the sum over
+        # `micro`; both are linear, so the sum goes first and the reduce_scatters run once, after the
+        # last microbatch (as Megatron's distributed optimizer does), not once per microbatch.
+        scatters = []
+        while t in made_at and body[made_at[t]].kind == "reduce_scatter" and readers[t] == 1:
+            moved.add(made_at[t])
+            scatters.append(body[made_at[t]])
+            varying.discard(t.name)
+            t = body[made_at[t]].operands[0]
         if t.name not in varying:
             raise PipelineError(f"{op.describe()}: sums over the microbatches a value that is the same in each")
         total = Value(f"{t.name}.sum", t.type)
         sums.append((t, total.name))
+        for scatter in reversed(scatters):
+            body.append(Op("reduce_scatter", (total,), scatter.results, scatter.attrs))
+            total = scatter.results[0]
         rest = tuple(a for a in op.attrs["axes"] if a != MICRO)
         if rest:
             body.append(Op("all_reduce", (total,), op.results, op.attrs.replace(axes=rest)))
         else:
             renamed[op.results[0]] = total
+    body = [op for i, op in enumerate(body) if i not in moved]
     return body, [renamed.get(r, r) for r in fn.results], sums, varying
 
 

@@ -45,6 +45,23 @@ def test_accumulated_step_equals_the_whole_batch_step(model, weight, dim, microb
     assert_pipeline_matches(model, pipeline, seed=5)
 
 
+@pytest.mark.parametrize("stages", [1, 2])
+def test_zero_gradients_are_summed_first_then_reduce_scattered_once(stages):
+    # ZeRO-3 on the batch axis: each weight and its moments sharded over the devices of a replica
+    # group, each gradient reduce_scattered to the weight's shard. Over K microbatches the sum goes
+    # first and the reduce_scatter runs once, in the update's task (Megatron's distributed optimizer).
+    model = training_step(deep_mlp(layers=4, d_model=8, batch=16), optimizer=Adam())
+    nda = analyze(model.function)
+    fn = model.function
+    decisions = [Decision("batch", nda.def_color(fn.param("x"), 0))]
+    decisions += [Decision("batch", nda.def_color(fn.param(f"layers.{i}.w"), 0)) for i in range(4)]
+    pipeline = pipeline_step(model, nda, MESH, decisions, stages=stages, microbatches=4, schedule="1f1b")
+    assert_pipeline_matches(model, pipeline, seed=5)
+    scatters = [(t.phase, op) for t in pipeline.tasks for op in t.function.ops if op.kind == "reduce_scatter"]
+    assert len(scatters) == 4 and all(phase == "post" for phase, _ in scatters)
+    assert pipeline.collective_counts()["reduce_scatter"] == 4  # once a step, not once per microbatch
+
+
 def test_the_microbatch_view_splits_the_batch_only_as_far_as_a_microbatch():
     model = training_step(deep_mlp(layers=2, d_model=8, batch=16), optimizer=SGD())
     nda = analyze(model.function)

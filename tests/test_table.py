@@ -131,3 +131,23 @@ def test_table_rejects_a_foreign_nda():
     hardware = Hardware(name="d", device=device, links={"batch": link, "model": link})
     with pytest.raises(IRError, match="different function"):
         CostTable(a.function, analyze(b.function, b.params), mesh, hardware)
+
+
+def test_microbatches_repeat_a_weights_resharding_not_its_gradients():
+    # ZeRO-3 on batch: each weight is gathered for its forward and backward uses, each gradient
+    # reduce_scattered for its update. Over K microbatches the gathers run K times (each microbatch
+    # reads the weight again), the reduce_scatters once (on the sum, `ir.pipeline`).
+    model = training_step(build("deep_mlp", layers=3, d_model=8, batch=8))
+    fn, mesh = model.function, MESHES["2x2"]
+    nda = analyze(fn, model.params)
+    decisions = [Decision("batch", nda.def_color(fn.param("x"), 0))]
+    decisions += [Decision("batch", nda.def_color(fn.param(f"layers.{i}.w"), 0)) for i in range(3)]
+    sharding = materialize(nda, mesh, decisions)
+    once = CostTable(fn, nda, mesh, hardware_for(mesh)).evaluate(sharding)
+    four = CostTable(fn, nda, mesh, hardware_for(mesh), (model.inputs, 4)).evaluate(sharding)
+    assert once.collective_counts["all_gather"] > 0 and once.collective_counts["reduce_scatter"] == 3
+    assert four.collective_counts["all_gather"] == 4 * once.collective_counts["all_gather"]
+    assert four.collective_counts["reduce_scatter"] == 3
+    gathers = once.seconds_by_kind["all_gather"]
+    assert four.step_time_s == pytest.approx(once.step_time_s + 3 * gathers, rel=1e-9)
+    assert four.peak_memory_bytes == once.peak_memory_bytes  # memory: the whole batch's step, as before

@@ -185,8 +185,11 @@ class _Programs:
         for built_for, table in tables:
             if built_for == hardware:
                 return table
-        program = self(remat)
-        table = CostTable(program.model.function, program.nda, self.spec.sharding_mesh(), hardware)
+        program, spec = self(remat), self.spec
+        # With K microbatches a weight's resharding runs once per microbatch (`CostTable`).
+        repeats = (program.model.inputs, spec.microbatch_count) \
+            if spec.microbatch_count > 1 and not spec.microbatches_auto else None
+        table = CostTable(program.model.function, program.nda, spec.sharding_mesh(), hardware, repeats)
         tables.append((hardware, table))
         return table
 

@@ -13,9 +13,11 @@ Cost terms (`costmodel.table` is the one pricing function):
              is a pending partial sum (which axes, which combiner) and
              whether a partial operand flows through it unreduced;
   edge term  the collectives in front of one use: keyed by the value's and
-             the use's dimension keys, the value's partial state, and for a
+             the use's dimension keys, the value's partial state, for a
              partial sum whether it flows (first use) or which sharding its
-             first use reduced it to (later uses);
+             first use reduced it to (later uses), and how often it runs a
+             step (`CostTable.edge_repeat`: a weight's resharding once per
+             microbatch);
   end term   a partial result reduced after the last op.
 
 Each distinct term gets one boolean per feasible combination of its
@@ -421,7 +423,7 @@ class TermModel:
         pf, role, first_ic = self._edge_role(e)
         if pf is None and dkeys == wkeys:
             return  # the use always wants what the value has: no collective
-        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role, e in self.kernel_uses)
+        name = ("edge", t.type_id_of[v], dkeys, wkeys, pf, role, e in self.kernel_uses, int(t.edge_repeat[e]))
         self._add(name, lambda: self._price_edge(e, name, dic, wic, first_ic, pf, role))
         self.edge_term[e] = name
 
@@ -429,6 +431,7 @@ class TermModel:
                     pf: int | None, role: tuple) -> Term:
         iclasses = dic + wic + first_ic
         keys = tuple(sorted({self.key_of[k] for k in iclasses}))
+        repeat = int(self.t.edge_repeat[e])
         flow_f = role[1] if role[0] == "first" else None
         inputs = tuple(f for f in (pf, flow_f) if f is not None)
         rows = []
@@ -440,7 +443,7 @@ class TermModel:
             codes = self._codes(keys, taken, iclasses)
             for values in joint:
                 chain = self._edge_resharding(e, codes, dict(zip(inputs, values)), pf, role, first_ic)
-                seconds = sum(chain.priced.seconds) if chain is not None else 0.0
+                seconds = sum(chain.priced.seconds) * repeat if chain is not None else 0.0
                 first = chain.priced.result_bytes[0] if _emits(chain) else 0
                 rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds, first_step_bytes=first))
         # Whether a collective sits on the use: a kernel reading it through this use is cut there.
