@@ -455,10 +455,11 @@ class Spec(_Strict):
 
     @property
     def microbatch_count(self) -> int:
-        """Microbatches per step: `microbatches` (or `pipeline.microbatches`),
-        else 4 per stage, 1 without a pipeline; with `microbatches: auto`
-        that default is where the planner's choice starts from."""
-        chosen = self.pipeline.microbatches if self.pipeline is not None else None
+        """Microbatches per step: `microbatches` (or, with a pipeline axis,
+        `pipeline.microbatches`), else 4 per stage, 1 without a pipeline;
+        with `microbatches: auto` that default is where the planner's choice
+        starts from."""
+        chosen = self.pipeline.microbatches if self.pipeline is not None and self.stages > 1 else None
         if isinstance(self.microbatches, int):
             chosen = self.microbatches
         if chosen is not None:
