@@ -33,17 +33,19 @@ from pathlib import Path
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 sys.path.append(_HERE)  # after the packages: bench/costmodel.py must not shadow costmodel
-from scale import ROOT, run_command  # noqa: E402
+from readme_table import write_table  # noqa: E402, I001
+from scale import ROOT, run_command  # noqa: E402  (importing it takes this directory off sys.path again)
 
 CONFIGS = ROOT.parent / "shared" / "megatron_gpt_configs.json"
 VOCAB, SEQ = 51200, 2048
 
 
-def spec_path(config: dict) -> str:
+def spec_and_schedule(config: dict) -> tuple[str, str]:
+    """The configuration's spec and its published split's schedule."""
     if config["params_billion"] == 18.4:
-        return "specs/megatron_gpt_18b.yaml"
+        return "specs/megatron_gpt_18b.yaml", "DP+MP+R"
     name = f"gpt_{config['params_billion']:g}b".replace(".", "_")
-    return f"specs/megatron/{name}.yaml"
+    return f"specs/megatron/{name}.yaml", "Megatron"
 
 
 def step_flops(config: dict) -> float:
@@ -53,8 +55,8 @@ def step_flops(config: dict) -> float:
 
 
 def measure(config: dict, search: bool) -> dict:
-    spec = spec_path(config)
-    row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", "Megatron")}
+    spec, schedule = spec_and_schedule(config)
+    row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", schedule)}
     published = row["published"]
     if "error" not in published:
         published["tflops_per_gpu"] = step_flops(config) / published["step_time_s"] / config["gpus"] / 1e12
@@ -117,8 +119,6 @@ def main() -> None:
             f"`python bench/megatron.py{' --search' if args.search else ''}`.")
     print(text)
     if args.write_readme:
-        from readme_table import write_table
-
         write_table("megatron-table", text)
 
 
