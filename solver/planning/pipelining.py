@@ -16,6 +16,9 @@ activations live). Its search sees the device's own memory: the whole
 batch's step, which a plan that fits also fits with microbatches (the
 activations only shrink); a plan that fits only with microbatches is found
 by the re-ranking and the expert floor, which price the microbatched step.
+In the search's time (pipelined or not) a weight's resharding counts once
+per microbatch (`costmodel.table.microbatch_repeats`, from the planner's
+cost table).
 
 Whatever K is, the search sees the program as one microbatch's plans see
 it (`search_nda`): the batch splits only as far as a microbatch of it
