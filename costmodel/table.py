@@ -93,12 +93,9 @@ class CostTable:
         self._sentinel = len(nda.iclasses)  # an extra I-class that is never sharded
         self._index_values()
         self._index_edges()
-        self.edge_repeat = np.ones(len(self.edge_op), dtype=np.int64)  # how often a use's resharding runs
-        if microbatches is not None:
-            per_op, varying = microbatch_repeats(fn, nda, *microbatches)
-            # A use of what is the same in every microbatch (a weight) is resharded again for each
-            # microbatch its op runs on; a microbatch's own values are K times smaller, K times.
-            self.edge_repeat = np.where(varying[self.edge_vid], 1, per_op[self.edge_op])
+        # How often a use's resharding runs in a step (`microbatch_repeats`).
+        self.edge_repeat = np.ones(len(self.edge_op), dtype=np.int64) if microbatches is None else \
+            self.microbatch_repeats(*microbatches)
         self.op_signature_of: list[int] = []
         self._index_ops()
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
@@ -180,6 +177,31 @@ class CostTable:
         last_user = np.full(len(self.values), -1, dtype=np.int64)
         np.maximum.at(last_user, self.edge_vid, self.edge_op)
         self.last_user = last_user
+
+    def microbatch_repeats(self, inputs: Sequence[str], microbatches: int) -> np.ndarray:
+        """Per use, how often its resharding runs when the step runs as
+        `microbatches` (`ir.pipeline`'s placement). An op over the batch (a
+        factor of the batch inputs' color, kept or reduced) runs K times, one
+        made from weights and constants alone as often as its first reader,
+        the rest (the update, after the sums) once. A use of what is the same
+        in every microbatch (a weight) is resharded again each time its op
+        runs; a microbatch's own values are K times smaller, K times: once."""
+        from ir.pipeline import microbatch_decision
+
+        batch = microbatch_decision(self.nda, inputs).color
+        first = self.num_params
+        varying = np.zeros(len(self.values), dtype=bool)
+        varying[[self.vid[self.fn.param(name)] for name in inputs]] = True
+        for i, edges in enumerate(self.op_edges):
+            varying[first + i] = varying[self.edge_vid[edges.start:edges.stop]].any()
+        per_op = np.ones(len(self.fn.ops), dtype=np.int64)
+        for i in reversed(range(len(self.fn.ops))):
+            readers = self.users[first + i]
+            if any(k >= 0 and self.nda.iclasses[k].color == batch for k in self.nda.op_factor_iclass[i]):
+                per_op[i] = microbatches
+            elif not varying[first + i] and readers:
+                per_op[i] = per_op[readers[0]]
+        return np.where(varying[self.edge_vid], 1, per_op[self.edge_op])
 
     def _index_ops(self) -> None:
         fn, nda = self.fn, self.nda
@@ -356,37 +378,6 @@ class CostTable:
             sizes.append(after.num_bytes)
             before = after
         return _ChainCost(tuple(kinds), tuple(seconds), tuple(sizes))
-
-
-def microbatch_repeats(fn: Function, nda: NDA, inputs: Sequence[str], microbatches: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """How often each op of a step run as `microbatches` runs (`ir.pipeline`'s
-    placement): K for an op over the batch (a factor of the batch inputs'
-    color, kept or reduced), as often as its first reader for one made from
-    weights and constants alone, once for the rest (the update, after the
-    sums); and per value (parameters, then op results) whether it depends
-    on the batch inputs."""
-    from ir.pipeline import microbatch_decision
-
-    batch = microbatch_decision(nda, inputs).color
-    index = {p: k for k, p in enumerate(fn.params)}
-    index.update((op.results[0], len(fn.params) + i) for i, op in enumerate(fn.ops))
-    varying = np.zeros(len(index), dtype=bool)
-    varying[[index[fn.param(name)] for name in inputs]] = True
-    readers: list[list[int]] = [[] for _ in fn.ops]
-    for i, op in enumerate(fn.ops):
-        operands = [index[v] for v in op.operands]
-        varying[len(fn.params) + i] = varying[operands].any()
-        for v in operands:
-            if v >= len(fn.params):
-                readers[v - len(fn.params)].append(i)
-    per_op = np.ones(len(fn.ops), dtype=np.int64)
-    for i in reversed(range(len(fn.ops))):
-        if any(k >= 0 and nda.iclasses[k].color == batch for k in nda.op_factor_iclass[i]):
-            per_op[i] = microbatches
-        elif not varying[len(fn.params) + i] and readers[i]:
-            per_op[i] = per_op[readers[i][0]]
-    return per_op, varying
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ batch's step, which a plan that fits also fits with microbatches (the
 activations only shrink); a plan that fits only with microbatches is found
 by the re-ranking and the expert floor, which price the microbatched step.
 In the search's time (pipelined or not) a weight's resharding counts once
-per microbatch (`costmodel.table.microbatch_repeats`, from the planner's
-cost table).
+per microbatch (`CostTable.microbatch_repeats`, from the planner's cost
+table).
 
 Whatever K is, the search sees the program as one microbatch's plans see
 it (`search_nda`): the batch splits only as far as a microbatch of it
@@ -55,11 +55,9 @@ def search_hardware(spec: Spec, hardware: Hardware) -> Hardware:
 
 def search_nda(spec: Spec, model: Model, nda: NDA) -> NDA:
     """The analysis the spec's plans are made on: `nda` with the batch a
-    microbatch's (`ir.pipeline.microbatch_nda`) when K is fixed above 1."""
-    if spec.microbatches_auto or spec.microbatch_count == 1:
-        return nda
+    microbatch's (`ir.pipeline.microbatch_nda`; `nda` itself for K = 1)."""
     try:
-        return microbatch_nda(nda, model.inputs, spec.microbatch_count)
+        return microbatch_nda(nda, model.inputs, spec.searched_microbatches)
     except PipelineError as exc:
         field = "microbatches" if spec.microbatches is not None else "pipeline.microbatches"
         raise SpecError(f"{spec.source}: {field}: {exc}") from exc

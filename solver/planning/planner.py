@@ -185,11 +185,10 @@ class _Programs:
         for built_for, table in tables:
             if built_for == hardware:
                 return table
-        program, spec = self(remat), self.spec
+        program, k = self(remat), self.spec.searched_microbatches
         # With K microbatches a weight's resharding runs once per microbatch (`CostTable`).
-        repeats = (program.model.inputs, spec.microbatch_count) \
-            if spec.microbatch_count > 1 and not spec.microbatches_auto else None
-        table = CostTable(program.model.function, program.nda, spec.sharding_mesh(), hardware, repeats)
+        repeats = (program.model.inputs, k) if k > 1 else None
+        table = CostTable(program.model.function, program.nda, self.spec.sharding_mesh(), hardware, repeats)
         tables.append((hardware, table))
         return table
 

@@ -472,6 +472,12 @@ class Spec(_Strict):
         return self.microbatches == "auto"
 
     @property
+    def searched_microbatches(self) -> int:
+        """The K plans are searched for: the spec's, 1 with `microbatches: auto`
+        (K is then chosen for the plan found)."""
+        return 1 if self.microbatches_auto else self.microbatch_count
+
+    @property
     def pipelined(self) -> bool:
         """The step runs as stage tasks over microbatches (`ir.pipeline`): a
         pipeline axis, or gradient accumulation (K > 1, or K chosen)."""
