@@ -64,11 +64,11 @@ class LiveBound:
             if m.value_partial[v] is None or t.first_user[v] < 0:
                 self._span(own, v, i, i, last, "result_bytes", size)
                 continue
-            first = int(t.first_user[v])
             held = size // math.prod(t.mesh.size(a) for a in t.mask_axes[partial.get(v, 0)])
-            # Whole where its op makes it; a reduction that only reduces it follows at once (`ir.lower`).
-            self._span(own, v, i, i, min(i, first - 1), "result_bytes", size)
-            self._span(own, v, i, max(i + 1, first), last, "held_bytes", held)
+            # Whole where its op makes it; a reduction that only reduces it follows at once (`ir.lower`),
+            # else at its first reader: at least the held bytes from the next op on.
+            self._span(own, v, i, i, i, "result_bytes", size)
+            self._span(own, v, i, i + 1, last, "held_bytes", held)
         delta = np.zeros(n + 1, dtype=np.int64)
         ending = np.zeros(n + 1, dtype=np.int64)
         for _, first, last, _, size in self.spans:
