@@ -162,8 +162,8 @@ def test_microbatches_auto_chooses_a_count_that_splits_the_batch():
 
 
 @pytest.mark.parametrize("extra,message", [
-    ("microbatches: 3", "does not split into 3 microbatches"),
-    ("microbatches: 0", "microbatches"),
+    ("microbatches: 3", r"acc.yaml: microbatches: the batch of %batch.tokens \(8\) does not split into 3 microbatches"),
+    ("microbatches: 0", "acc.yaml: microbatches"),
 ])
 def test_microbatch_errors_name_the_field(extra, message):
     with pytest.raises(SpecError, match=message):
