@@ -8,6 +8,7 @@ queries every other module uses (`get`, `make_op`, `infer_results`,
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -283,6 +284,8 @@ def register(opdef: OpDef) -> OpDef:
     if (opdef.impl is None) == (opdef.spmd_impl is None):
         raise AssertionError(f"op kind {opdef.name!r} needs exactly one of impl and spmd_impl")
     REGISTRY[opdef.name] = opdef
+    _inferred.cache_clear()
+    _factor_rule.cache_clear()
     return opdef
 
 
@@ -341,7 +344,8 @@ def make_op(
 ) -> Op:
     """Create an op with normalized attributes and inferred result types."""
     norm = normalize_attrs(kind, attrs)
-    types = infer_results(kind, tuple(v.type for v in operands), norm, mesh)
+    operand_types = tuple(v.type for v in operands)
+    types = _inferred(kind, operand_types, norm, mesh)
     if len(result_names) != len(types):
         raise OpError(f"{kind} has {len(types)} result(s), {len(result_names)} name(s) given")
     results = tuple(Value(n, t) for n, t in zip(result_names, types))
@@ -359,16 +363,28 @@ def verify(fn: Function) -> Function:
     for p in fn.params:
         define(defined, p, f"parameter of @{fn.name}")
     for index, op in enumerate(fn.ops):
-        verify_op(op, defined, fn.mesh, index, infer_results)
+        verify_op(op, defined, fn.mesh, index, _inferred)
     for r in fn.results:
         if defined.get(r.name) is not r:
             raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")
     return fn
 
 
+# An op's result types and factor rule follow from its kind, operand types and attributes alone,
+# and a program of repeated layers has few distinct such ops: both are memoized (and forgotten
+# when a kind is registered again).
+@functools.lru_cache(maxsize=1 << 16)
+def _inferred(kind: str, operand_types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    return infer_results(kind, operand_types, attrs, mesh)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _factor_rule(kind: str, operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    return get(kind).factors(operand_types, result_types, attrs)
+
+
 def factor_rule(op: Op) -> FactorRule:
-    opdef = get(op.kind)
-    return opdef.factors(tuple(v.type for v in op.operands), tuple(v.type for v in op.results), op.attrs)
+    return _factor_rule(op.kind, tuple(v.type for v in op.operands), tuple(v.type for v in op.results), op.attrs)
 
 
 def op_cost(op: Op) -> OpCost:

@@ -277,12 +277,21 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
     body, results, sums, varying = _accumulate(lowered)
     constant = _constants(body, set(results))
     where = _place(body, stage_of, forward_values, varying, {t.name: total for t, total in sums}, constant)
+    read_at: dict[Value, set[tuple[int, str]]] = {}  # the tasks that read each value
+    for op, w in zip(body, where):
+        if w[0] >= 0:
+            for v in op.operands:
+                read_at.setdefault(v, set()).add(w)
+    placed: dict[tuple[int, str], list[int]] = {}  # each task's own ops, in program order
+    for i, w in enumerate(where):
+        placed.setdefault(w, []).append(i)
+    made_by = {r: i for i in constant for r in body[i].results}
     tasks = []
     for s in range(stages):
         for phase in PHASES:
-            members = _with_constants([i for i, w in enumerate(where) if w == (s, phase)], body, constant)
+            members = _with_constants(placed.get((s, phase), []), body, made_by)
             if members:
-                tasks.append(Task(s, phase, _function(f"stage{s}.{phase}", members, body, where, (s, phase),
+                tasks.append(Task(s, phase, _function(f"stage{s}.{phase}", members, read_at, (s, phase),
                                                       results + [t for t, _ in sums], sub_mesh)))
     pipeline = Pipeline(stages, mesh.size(MICRO), schedule, sub_mesh, lowered, tuple(tasks), (),
                         tuple((t.name, total) for t, total in sums), frozenset(varying), tuple(r.name for r in results))
@@ -353,9 +362,9 @@ def _constants(body: list[Op], results: set[Value]) -> set[int]:
     return out
 
 
-def _with_constants(members: list[int], body: list[Op], constant: set[int]) -> list[Op]:
-    """A task's ops with the constant ops they read (transitively), in order."""
-    made_by = {r: i for i in constant for r in body[i].results}
+def _with_constants(members: list[int], body: list[Op], made_by: Mapping[Value, int]) -> list[Op]:
+    """A task's ops with the constant ops they read (transitively; `made_by`:
+    the constant op making each value), in order."""
     chosen, todo = set(members), list(members)
     while todo:
         for v in body[todo.pop()].operands:
@@ -438,18 +447,20 @@ def _unread_places(body: list[Op], where: list, stage_of: Mapping[str, int], sum
             made_sums()
 
 
-def _function(name: str, members: list[Op], body: list[Op], where: list, key: tuple[int, str],
+def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[int, str]]], key: tuple[int, str],
               wanted: list[Value], mesh: Mesh) -> Function:
-    """The ops of one task as a function: what it reads from outside are its
-    parameters, what others read of it, and the `wanted` values (the step's
-    results, the values summed over microbatches), its results."""
+    """The ops of one task (`key`) as a function: what it reads from outside
+    are its parameters; what other tasks read of it (`read_at`: the tasks
+    that read each value) and the `wanted` values (the step's results, the
+    values summed over microbatches), its results."""
     members = _as_soon_as_possible(members)
     inside = {r for op in members for r in op.results}
     params: dict[Value, None] = {}
     for op in members:
         params.update((v, None) for v in op.operands if v not in inside)
-    read_outside = {v for op, w in zip(body, where) if w != key and w[0] >= 0 for v in op.operands} | set(wanted)
-    outs = [r for op in members for r in op.results if r in read_outside]
+    wanted_set = set(wanted)
+    outs = [r for op in members for r in op.results
+            if r in wanted_set or any(w != key for w in read_at.get(r, ()))]
     return ops.verify(Function(name, tuple(params), tuple(members), tuple(outs), mesh))
 
 

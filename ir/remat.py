@@ -103,8 +103,12 @@ def rematerialize(fn: Function, forward_ops: int, layers: Sequence[int]) -> Func
     ops = list(fn.ops)
     inserts: dict[int, list[Op]] = {}  # backward op index -> recomputation to emit before it
     renamed: dict[int, dict[Value, Value]] = {}  # backward op index -> operand substitutions
+    readers: dict[Value, list[int]] = {}  # every op reading a value, in program order (read once per layer)
+    for i, op in enumerate(ops):
+        for v in op.operands:
+            readers.setdefault(v, []).append(i)
     for layer in layers:
-        _plan_layer(fn, forward_ops, segments[layer], inserts, renamed)
+        _plan_layer(fn, forward_ops, segments[layer], readers, inserts, renamed)
     out: list[Op] = []
     for i, op in enumerate(ops):
         out += inserts.get(i, [])
@@ -113,22 +117,21 @@ def rematerialize(fn: Function, forward_ops: int, layers: Sequence[int]) -> Func
     return Function(fn.name, fn.params, tuple(out), fn.results, fn.mesh)
 
 
-def _plan_layer(fn: Function, forward_ops: int, members: tuple[int, ...], inserts: dict, renamed: dict) -> None:
-    """Where one layer's recomputation goes and which backward reads it replaces."""
+def _plan_layer(fn: Function, forward_ops: int, members: tuple[int, ...], readers: dict[Value, list[int]],
+                inserts: dict, renamed: dict) -> None:
+    """Where one layer's recomputation goes and which backward reads it
+    replaces (`readers`: the ops reading each value, in order)."""
     inside = {r for i in members for r in fn.ops[i].results}
     member_set = set(members)
-    read_later = {v for i, op in enumerate(fn.ops[:forward_ops]) if i not in member_set for v in op.operands}
-    kept = (inside & read_later) | ({fn.ops[members[-1]].results[0]} if members else set())
+    read_later = {v for v in inside if any(i < forward_ops and i not in member_set for i in readers.get(v, ()))}
+    kept = read_later | ({fn.ops[members[-1]].results[0]} if members else set())
     kept |= inside & set(fn.results)
     # The activations the backward reads, and the first backward op reading one.
-    wanted, first = set(), None
-    for i in range(forward_ops, len(fn.ops)):
-        hits = [v for v in fn.ops[i].operands if v in inside and v not in kept]
-        if hits:
-            wanted.update(hits)
-            first = i if first is None else first
-    if first is None:
+    backward_reads = {v: [i for i in readers.get(v, ()) if i >= forward_ops] for v in inside - kept}
+    wanted = {v for v, at in backward_reads.items() if at}
+    if not wanted:
         return
+    first = min(backward_reads[v][0] for v in wanted)
     # Recompute only what the wanted values need, within the layer.
     needed = set(wanted)
     for i in reversed(members):
@@ -145,7 +148,7 @@ def _plan_layer(fn: Function, forward_ops: int, members: tuple[int, ...], insert
         copies.update(zip(op.results, results))
         emitted.append(Op(op.kind, tuple(copies.get(v, v) for v in op.operands), results, op.attrs))
     inserts.setdefault(first, []).extend(emitted)
-    for i in range(first, len(fn.ops)):
-        subs = {v: copies[v] for v in fn.ops[i].operands if v in copies}
-        if subs:
-            renamed.setdefault(i, {}).update(subs)
+    for v, copy in copies.items():
+        for i in readers.get(v, ()):
+            if i >= first:
+                renamed.setdefault(i, {})[v] = copy
