@@ -172,3 +172,24 @@ def test_the_next_mesh_is_hinted_with_the_fastest_plan_so_far(tmp_path):
     assert seed.decisions == tuple(d for d in fastest.decisions if d.axis == "model")
     assert _seed(tried, SimpleNamespace(nda=None), Mesh.of(model=4)) is None  # another program's plans: none
     assert _seed([], shared, Mesh.of(model=4)) is None
+
+
+def test_a_mesh_the_step_cannot_run_on_is_reported_and_the_others_planned(tmp_path, capsys):
+    """Four pipeline stages of a two-layer model cannot be cut: that mesh is
+    a row without a plan saying why, not the end of the search."""
+    from conftest import shardplan
+
+    path = tmp_path / "stages.yaml"
+    path.write_text("model: {builder: deep_mlp, args: {layers: 2, d_model: 32, batch: 16}, step: train,\n"
+                    "        optimizer: sgd}\n"
+                    "devices: 4\nmesh: {pipeline: auto, batch: auto}\nmicrobatches: 2\nhardware: A100-80GB\n")
+    search = plan_meshes(path, "cpsat")
+    rows = {t.mesh: t for t in search.tried}
+    assert set(rows) == {(("batch", 4),), (("pipeline", 2), ("batch", 2)), (("pipeline", 4),)}
+    assert rows[(("pipeline", 4),)].planned is None
+    assert rows[(("pipeline", 4),)].message == "pipeline: 4 pipeline stages need at least 4 layers; " \
+        "@deep_mlp.train_step has 2 (values named layers.<l>.out)"
+    assert all(t.planned is not None for m, t in rows.items() if m != (("pipeline", 4),))
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat")
+    assert code == 0, err
+    assert "pipeline=4" in out and "no plan" in out and "(pipeline: 4 pipeline stages need at least 4 layers)" in out

@@ -192,8 +192,8 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
             planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
                                 hint=_seed(tried, prepared, spec.sharding_mesh()))
             message = planned.search[-1].message if planned.search else ""
-        except NoPlanFits as exc:
-            planned, message = None, str(exc)
+        except (NoPlanFits, SpecError) as exc:  # SpecError: this mesh cannot run the step (more stages than layers)
+            planned, message = None, str(exc).removeprefix(f"{filename}: ")
         links = tuple((a, hardware.links[a].kind) for a, _ in mesh)
         tried.append(MeshTried(mesh, links, planned, message, time.perf_counter() - start))
     progress.clear()
@@ -243,7 +243,7 @@ def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     for r, shape, link in zip(rows, shapes, links):
         step = f"{r['step_time_s'] * 1e3:,.3f} ms" if r["step_time_s"] is not None else "no plan"
         peak = f"{r['peak_memory_bytes'] / 2**30:,.2f} GiB" if r["peak_memory_bytes"] is not None else "-"
-        mark = "  <- best" if r["best"] else ""
+        mark = "  <- best" if r["best"] else f"  ({r['message'].split('; ')[0]})" if r["step_time_s"] is None else ""
         lines.append(f"  {shape:<{wide}} {link:<{wide_links}} {step:>12} {peak:>12} {'yes' if r['fits'] else 'no':>5} "
                      f"{r['search_s']:>7.1f}s{mark}")
     return "\n".join(lines) + "\n\n"
