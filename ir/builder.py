@@ -16,13 +16,13 @@ and accept Python numbers (emitted as `full`). `build` runs the verifier.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ir import ops
-from ir.core import FLOAT_DTYPES, Function, IRError, Mesh, Op, TensorType, Value, check_name
+from ir.core import FLOAT_DTYPES, Attrs, Function, IRError, Mesh, Op, TensorType, Value, check_name
 from ir.opset.convolution import explicit_padding
 
 Operand = Value | int | float
@@ -66,6 +66,10 @@ class Builder:
 
     def op(self, kind: str, operands: Sequence[Value], name: str | None = None, **attrs: Any) -> Value:
         """Emit a single-result op and return its result."""
+        return self.emit(kind, operands, name, attrs)
+
+    def emit(self, kind: str, operands: Sequence[Value], name: str | None, attrs: Mapping[str, Any] | Attrs) -> Value:
+        """`op` with the attributes as one mapping (an `Attrs` another op carries, say)."""
         op = ops.make_op(kind, operands, attrs, [self._fresh(name)], self.mesh)
         self.body.append(op)
         return op.result

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,32 +326,37 @@ def users(fn: Function) -> dict[Value, list[Op]]:
     return out
 
 
-def define(defined: dict[str, Value], value: Value, where: str) -> None:
+def define(defined: dict[str, Value], value: Value, where: str | Callable[[], str]) -> None:
+    """Define `value`; `where` names the definition in an error (or makes that name)."""
     check_name(value.name, "value")
     if value.name in defined:
-        raise VerifyError(f"value %{value.name} is defined twice (again as {where})")
+        named = where if isinstance(where, str) else where()
+        raise VerifyError(f"value %{value.name} is defined twice (again as {named})")
     defined[value.name] = value
 
 
 def verify_op(op: Op, defined: dict[str, Value], mesh: Mesh, index: int, infer_results: Any) -> None:
     """Check one op against the values defined so far, then define its results."""
-    where = f"op #{index} {op.describe()}"
+
+    def where() -> str:  # only an error prints the op (a large program verifies many)
+        return f"op #{index} {op.describe()}"
+
     for operand in op.operands:
         known = defined.get(operand.name)
         if known is None:
-            raise VerifyError(f"value %{operand.name} is used before it is defined, in {where}")
+            raise VerifyError(f"value %{operand.name} is used before it is defined, in {where()}")
         if known is not operand:
             raise VerifyError(
-                f"value %{operand.name} in {where} is not the value defined under that name"
+                f"value %{operand.name} in {where()} is not the value defined under that name"
             )
     try:
         expected = infer_results(op.kind, tuple(o.type for o in op.operands), op.attrs, mesh)
     except IRError as err:
-        raise VerifyError(f"{where}: {err}") from None
+        raise VerifyError(f"{where()}: {err}") from None
     got = tuple(r.type for r in op.results)
     if got != expected:
         shown = ", ".join(map(str, expected))
         actual = ", ".join(map(str, got))
-        raise VerifyError(f"type mismatch in {where}: declared {actual}, but {op.kind} gives {shown}")
+        raise VerifyError(f"type mismatch in {where()}: declared {actual}, but {op.kind} gives {shown}")
     for r in op.results:
         define(defined, r, where)

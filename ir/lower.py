@@ -168,7 +168,7 @@ class _Lowering:
         want_type = local_type(result.type, dims, self.sharding.mesh)
         attrs = ops.get(op.kind).localize(
             op.attrs, tuple(v.type for v in operands), (want_type,))
-        local = self.b.op(op.kind, operands, result.name, **attrs.as_dict())
+        local = self.b.emit(op.kind, operands, result.name, attrs)
         if local.type != want_type:
             raise LoweringError(f"{op.describe()}: local result {local.type} differs from the expected {want_type}")
         # Partial axes in mesh order: one canonical form, so equally partial operands compare equal.

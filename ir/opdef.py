@@ -286,6 +286,7 @@ def register(opdef: OpDef) -> OpDef:
     REGISTRY[opdef.name] = opdef
     _inferred.cache_clear()
     _factor_rule.cache_clear()
+    _normal_attrs.cache_clear()
     return opdef
 
 
@@ -298,6 +299,17 @@ def get(kind: str) -> OpDef:
 
 def normalize_attrs(kind: str, attrs: Mapping[str, Any] | Attrs | None) -> Attrs:
     """Validate attributes against the kind's schema and fill defaults."""
+    if isinstance(attrs, Attrs):  # hashable: a program's many ops of one kind share a few
+        return _normal_attrs(kind, attrs)
+    return _normalize(kind, attrs)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _normal_attrs(kind: str, attrs: Attrs) -> Attrs:
+    return _normalize(kind, attrs)
+
+
+def _normalize(kind: str, attrs: Mapping[str, Any] | Attrs | None) -> Attrs:
     opdef = get(kind)
     given = attrs.as_dict() if isinstance(attrs, Attrs) else dict(attrs or {})
     schema = {s.name: s for s in opdef.attrs}
@@ -338,7 +350,7 @@ def infer_results(kind: str, operand_types: Types, attrs: Attrs, mesh: Mesh = NO
 def make_op(
     kind: str,
     operands: Sequence[Value],
-    attrs: Mapping[str, Any] | None = None,
+    attrs: Mapping[str, Any] | Attrs | None = None,
     result_names: Sequence[str] = (),
     mesh: Mesh = NO_MESH,
 ) -> Op:
