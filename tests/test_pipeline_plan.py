@@ -23,7 +23,7 @@ from solver.frontend.cli import _int_list
 from solver.planning.expect import evaluate_formula
 from solver.planning.grid import plan_grid
 from solver.planning.meshes import concrete_data
-from solver.planning.pipelining import with_schedule
+from solver.planning.pipelining import pipelined, with_schedule
 from solver.planning.planner import plan_spec
 from solver.planning.spec import SpecError, load_spec, parse_spec, validate_spec
 
@@ -226,7 +226,7 @@ def test_the_schedule_is_gpipe_unless_only_1f1b_fits():
     assert with_schedule(pipeline, sized(one_f - 1), None)[1].fits is False  # neither fits: 1F1B, reported
 
 
-def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule():
+def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule(monkeypatch):
     # The search prices the whole step; the pipeline's own step time picks among its best plans.
     planned = plan_spec(load_spec(PIPELINED), "cpsat", floor=False)
     (report,) = planned.search
@@ -236,7 +236,16 @@ def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule():
     assert planned.assessment.cost.step_time_s == pytest.approx(scores[report.rerank_winner])
     # The expert floor prices the named schedules by their pipelined step time too: hand-written
     # PP+BP pipelines faster than any plan of the whole step's search, so it is kept.
+    import solver.planning.floor
+    import solver.planning.pipelining
+    import solver.planning.planner
+
+    priced = []  # every plan a pipeline is lowered and priced for: the floor's, the re-ranked, the answer
+    for module in (solver.planning.floor, solver.planning.pipelining, solver.planning.planner):
+        monkeypatch.setattr(module, "pipelined", lambda spec, model, nda, plan, *rest, **kw:
+                            priced.append(plan) or pipelined(spec, model, nda, plan, *rest, **kw))
     floored = plan_spec(load_spec(PIPELINED), "cpsat")
+    assert len(priced) == len(set(priced)) and floored.plan in priced  # each once, the answer's included
     assert floored.floor_kept and floored.schedule == floored.floor.best.schedule
     assert floored.assessment.cost.step_time_s == pytest.approx(floored.floor.best.step_time_s, rel=1e-9)
     assert floored.assessment.cost.step_time_s < planned.assessment.cost.step_time_s

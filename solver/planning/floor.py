@@ -70,11 +70,13 @@ def manual_schedules(spec: Spec) -> list[str]:
     return [name for name in spec.schedules if not any(isinstance(t, Auto) for t in spec.tactics(name))]
 
 
-def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table=None) -> Floor:
+def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table=None, pipeline=None) -> Floor:
     """Price every manual named schedule of `spec` (module docstring).
     `prepare(remat)` gives the program with those layers rematerialized
     (`planner.prepare`, memoized by the caller); `table(remat, hardware)`, if
-    given, its cost table (the planner's, which the search then reuses)."""
+    given, its cost table (the planner's, which the search then reuses);
+    `pipeline(remat, plan, options)`, if given, a pipelined spec's step under
+    a plan and its cost (the planner's, memoized)."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
@@ -86,7 +88,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
             plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name))
             if spec.pipelined:
-                _, cost = pipelined(spec, prepared.model, prepared.nda, plan, hardware, options)
+                _, cost = pipeline(remat, plan, options) if pipeline is not None else \
+                    pipelined(spec, prepared.model, prepared.nda, plan, hardware, options)
                 step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:
                 if remat not in tables:

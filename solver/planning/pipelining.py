@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from costmodel.evaluate import Cost
@@ -105,12 +106,12 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
     return best[1], best[2]
 
 
-def pipelined_step_s(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                     options: LowerOptions | None = None) -> float:
-    """The pipelined step time of `plan`; infinite when it does not fit or
-    cannot be pipelined (what re-ranks CP-SAT's best plans)."""
+def pipelined_step_s(priced: Callable[[], tuple[Pipeline, PipelineCost]]) -> float:
+    """The step time of a plan's pipelined step (`priced()`: `pipelined`'s
+    answer for it); infinite when it does not fit or cannot be pipelined
+    (what re-ranks CP-SAT's best plans)."""
     try:
-        _, cost = pipelined(spec, model, nda, plan, hardware, options)
+        _, cost = priced()
     except SpecError:
         return math.inf
     return cost.step_time_s if cost.fits else math.inf

@@ -135,7 +135,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options, programs.table)
+        experts = expert_floor(spec, programs, options, programs.table, programs.pipelined)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
@@ -172,6 +172,20 @@ class _Programs:
         self.spec = spec
         self.built = {} if prepared is None else {prepared.remat: prepared}
         self.tables: dict[tuple[str, ...], list] = {}  # remat -> [(hardware, CostTable)]
+        self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> priced
+
+    def pipelined(self, remat: tuple[str, ...], plan: Plan,
+                  options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
+        """The spec's pipelined step under `plan` on the program with `remat`
+        rematerialized, and its cost, made once per plan: the floor, the
+        re-ranking of the search's best plans and the answer price the same
+        plans (a pipeline lowers and prices the whole step again)."""
+        key = (remat, plan, options)
+        if key not in self.pipelines:
+            program = self(remat)
+            self.pipelines[key] = pipelined(self.spec, program.model, program.nda, plan, self.spec.hardware_obj(),
+                                            options)
+        return self.pipelines[key]
 
     def __call__(self, remat: tuple[str, ...]) -> Prepared:
         if remat not in self.built:
@@ -259,7 +273,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     search = _Search(model, planning, mesh, search_hardware(spec, hardware), progress)
     search.make_table = lambda: programs.table(remat, search.hardware)
     if spec.pipelined:
-        search.score = lambda plan, _: pipelined_step_s(spec, model, nda, plan, hardware, options)
+        search.score = lambda plan, _: pipelined_step_s(lambda: programs.pipelined(remat, plan, options))
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
@@ -271,7 +285,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     lowered = lower(model.function, nda, sharding, options or LowerOptions())
     seconds["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pipeline, pipeline_cost = pipelined(spec, model, nda, plan, hardware, options) if spec.pipelined else (None, None)
+    pipeline, pipeline_cost = programs.pipelined(remat, plan, options) if spec.pipelined else (None, None)
     assessment = Assessment(
         cost=evaluate(lowered.function, hardware) if pipeline is None else as_cost(pipeline, pipeline_cost),
         baseline=prepared.baseline,
