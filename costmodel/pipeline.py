@@ -2,7 +2,7 @@
 simulated with each task's time, the transfers, and each stage's memory.
 
 Time. Every task is priced by `evaluate` (fused kernels, one device of the
-stage). The schedule is simulated stage by stage in its own order
+stage), once per task that differs in more than its names (`unnamed`). The schedule is simulated stage by stage in its own order
 (`ir.pipeline.stage_sequences`): a forward of microbatch k starts when its
 stage is free and the previous stage's forward of k has finished and its
 transfers have arrived; a backward likewise waits for the next stage's
@@ -194,7 +194,13 @@ def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorTy
 
 def pipeline_cost(pipeline: Pipeline, hardware: Hardware) -> PipelineCost:
     """Step time, bubble and per-stage peak memory of a pipelined step."""
-    costs = {(t.stage, t.phase): evaluate(t.function, hardware) for t in pipeline.tasks}
+    costs: dict[tuple[int, str], Cost] = {}
+    priced: dict[tuple, Cost] = {}  # a uniform model's inner stages run the same tasks under other names
+    for t in pipeline.tasks:
+        key = unnamed(t.function)
+        if key not in priced:
+            priced[key] = evaluate(t.function, hardware)
+        costs[(t.stage, t.phase)] = priced[key]
     task_s = {key: c.step_time_s for key, c in costs.items()}
     arrive: dict[tuple[int, str], float] = {}
     start: dict[int, float] = {}
@@ -217,6 +223,18 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware) -> PipelineCost:
     memory = tuple(_stage_memory(pipeline, s, times.in_flight[s]) for s in range(pipeline.stages))
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
                         hardware.capacity_bytes, counts, by_kind)
+
+
+def unnamed(fn: Function) -> tuple:
+    """`fn` without its names: its parameters' types, each op's kind,
+    attributes, operands (by position) and result types, its results and mesh.
+    Two functions with the same key have the same cost (`evaluate` reads no name)."""
+    index = {p: n for n, p in enumerate(fn.params)}
+    body = []
+    for op in fn.ops:
+        body.append((op.kind, op.attrs, tuple(index[v] for v in op.operands), tuple(r.type for r in op.results)))
+        index.update((r, len(index)) for r in op.results)
+    return tuple(p.type for p in fn.params), tuple(body), tuple(index[r] for r in fn.results), fn.mesh
 
 
 def _read_in_post(pipeline: Pipeline, t: Transfer) -> bool:

@@ -11,8 +11,9 @@ import dataclasses
 import pytest
 from spmd_check import assert_pipeline_matches
 
+from costmodel.evaluate import evaluate
 from costmodel.hardware import preset_hardware
-from costmodel.pipeline import live_peak_bytes, pipeline_cost, simulate_schedule
+from costmodel.pipeline import live_peak_bytes, pipeline_cost, simulate_schedule, unnamed
 from ir.autodiff import SGD, Adam, training_step
 from ir.builder import Builder
 from ir.core import Mesh
@@ -189,6 +190,26 @@ def test_cost_prices_transfers_bubble_and_1f1b_memory():
                   for st in range(4))
     assert gpipe.step_time_s >= busiest
     assert gpipe.bubble_fraction >= bubble_fraction(4, 8) - 0.05
+
+
+def test_tasks_equal_up_to_names_are_priced_once_and_alike(monkeypatch):
+    """A uniform model's inner stages run the same tasks under other names:
+    `unnamed` makes them one key, and the cost of each task is its own
+    `evaluate`, shared or not."""
+    hardware = preset_hardware("V100-32GB", [PIPELINE, "batch", "model"])
+    model = training_step(deep_mlp(layers=8, d_model=32, batch=1024), optimizer=SGD())
+    pipeline = _pipelined(model, "layers.0.w", 4, 8, "1f1b")
+    task = {(t.stage, t.phase): t.function for t in pipeline.tasks}
+    assert task[(1, "forward")].params != task[(2, "forward")].params  # other names,
+    assert unnamed(task[(1, "forward")]) == unnamed(task[(2, "forward")])  # the same work
+    assert unnamed(task[(1, "backward")]) == unnamed(task[(2, "backward")])
+    assert unnamed(task[(0, "forward")]) != unnamed(task[(1, "forward")])  # the first stage reads the batch
+    assert unnamed(task[(1, "forward")]) != unnamed(task[(1, "backward")])
+    priced = []
+    monkeypatch.setattr("costmodel.pipeline.evaluate", lambda fn, hw: priced.append(fn) or evaluate(fn, hw))
+    cost = pipeline_cost(pipeline, hardware)
+    assert len(priced) == len({unnamed(fn) for fn in task.values()}) < len(task)
+    assert cost.tasks == {key: evaluate(fn, hardware) for key, fn in task.items()}
 
 
 def test_live_peak_frees_parameters_after_their_last_use():
