@@ -2,7 +2,8 @@
 simulated with each task's time, the transfers, and each stage's memory.
 
 Time. Every task is priced by `evaluate` (fused kernels, one device of the
-stage), once per task that differs in more than its names (`unnamed`). The schedule is simulated stage by stage in its own order
+stage), once per task that differs in more than its names (`unnamed`). The
+schedule is simulated stage by stage in its own order
 (`ir.pipeline.stage_sequences`): a forward of microbatch k starts when its
 stage is free and the previous stage's forward of k has finished and its
 transfers have arrived; a backward likewise waits for the next stage's

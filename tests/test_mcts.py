@@ -84,6 +84,19 @@ def test_transposition_table_merges_permuted_action_orders():
     assert result.report.merged > 0 and result.report.states < result.report.iterations + 1
 
 
+def test_states_keep_their_codes_narrow_and_price_as_the_table_does():
+    """The search keeps every state's codes (and keys its prices by them):
+    one byte per I-class where the mesh has under 256 axis tuples, the same
+    prices as the table's int64 codes."""
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))
+    search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+    root = Point(frozenset(), ())
+    point, codes = next(c for a in search.actions if (c := search.child(root, search.codes(root), a)))
+    assert codes.dtype == np.uint8 and np.array_equal(codes, space.codes(point))
+    assert search.price(point, codes).cost == table.evaluate(space.codes(point))
+
+
 def test_actions_are_pruned_and_no_op_actions_are_invalid():
     mesh = Mesh.of(x=4)
     model, nda, table, space = setup("mlp", dict(batch=8, d_in=8, hidden=8, d_out=8), mesh, slow_hardware(mesh))

@@ -231,6 +231,7 @@ class _Mcts:
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
         self.codes_of: dict[Point, np.ndarray] = {}
+        self.code_dtype = np.min_scalar_type(len(table.axis_tuples) - 1)
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
         self.valid_of: dict[Point, list[Action]] = {}
         self.descent_of: dict[Point, tuple[Point, np.ndarray]] = {}
@@ -243,9 +244,13 @@ class _Mcts:
     # ------------------------------------------------------------ states
 
     def codes(self, point: Point) -> np.ndarray:
+        """The point's codes, kept in the narrowest integer type that holds
+        them: a large program has 10^5 I-classes and the search keeps the
+        codes of every state it reaches, as arrays and as the keys of its
+        prices (eight times the memory in int64)."""
         codes = self.codes_of.get(point)
         if codes is None:
-            codes = self.codes_of[point] = self.space.codes(point)
+            codes = self.codes_of[point] = self.space.codes(point).astype(self.code_dtype)
         return codes
 
     def node(self, point: Point, codes: np.ndarray) -> _Node:
