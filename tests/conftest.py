@@ -1,5 +1,6 @@
 """Shared test setup: make tests/ importable (program_gen) and locate examples."""
 
+import gc
 import pathlib
 import sys
 
@@ -8,6 +9,9 @@ ROOT = TESTS.parent
 EXAMPLES = ROOT / "examples"
 
 sys.path.insert(0, str(TESTS))
+# The suite builds, lowers and prices many large programs: collect cycles as the CLI does
+# (`solver.frontend.cli._fewer_collections`), not thousands of times over the same acyclic IR.
+gc.set_threshold(100_000, 50, 100)
 
 
 def shardplan(capsys, *argv):

@@ -97,3 +97,21 @@ def test_console_entry_point_never_prints_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "missing required attribute 'dtype'" in proc.stderr
+
+
+def test_commands_run_with_fewer_collections_and_restore_the_thresholds(capsys, monkeypatch):
+    """A command runs with the cyclic collector's thresholds raised (a large
+    program is millions of acyclic objects it would rescan), and leaves
+    them as it found them, after an error too."""
+    import gc
+
+    before, seen = gc.get_threshold(), []
+
+    def fake_plan(args):
+        seen.append(gc.get_threshold())
+        raise cli.IRError("no")
+
+    monkeypatch.setattr(cli, "cmd_plan", fake_plan)
+    code, _, err = shardplan(capsys, "plan", "specs/mlp.yaml")
+    assert code == 1 and "no" in err
+    assert seen == [(100_000, 50, 100)] and gc.get_threshold() == before
