@@ -31,6 +31,7 @@ from collections.abc import Collection, Sequence
 from ir.core import Function, IRError, Op, Value
 
 _LAYER_OUT = re.compile(r"layers\.(\d+)\.out")
+_LAYER_PARAM = re.compile(r"layers\.\d+\.")
 
 
 def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]:
@@ -46,21 +47,29 @@ def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]
     for i, op in enumerate(fn.ops[:forward_ops]):
         for v in op.operands:
             readers.setdefault(v, []).append(i)
+    params = set(fn.params)
+    own: dict[str, set[Value]] = {}  # `layers.<l>.` -> that layer's parameters
+    for p in fn.params:
+        match = _LAYER_PARAM.match(p.name)
+        if match:
+            own.setdefault(match[0], set()).add(p)
     segments = {}
     start, source = 0, None
     for layer in sorted(outputs):
         end = outputs[layer]
-        segments[layer] = _layer_ops(fn, range(start, end + 1), f"layers.{layer}.", source, readers)
+        mine = own.get(f"layers.{layer}.", set())
+        segments[layer] = _layer_ops(fn, range(start, end + 1), mine, params - mine, source, readers)
         start, source = end + 1, fn.ops[end].results[0]
     return segments
 
 
-def _layer_ops(fn: Function, span: range, prefix: str, source: Value | None,
+def _layer_ops(fn: Function, span: range, mine: set[Value], others: set[Value], source: Value | None,
                readers: dict[Value, list[int]]) -> tuple[int, ...]:
     """The ops of `span` that are one layer's (module docstring): those reached
-    from its input `source` or its parameters, and what they read from the
-    span that no later layer reads and that reads no other parameter."""
-    reached = {p for p in fn.params if p.name.startswith(prefix)} | ({source} if source is not None else set())
+    from its input `source` or its parameters (`mine`), and what they read from
+    the span that no later layer reads and that reads no other parameter
+    (`others`)."""
+    reached = mine | ({source} if source is not None else set())
     members = []
     for i in span:
         if any(v in reached for v in fn.ops[i].operands):
@@ -68,7 +77,6 @@ def _layer_ops(fn: Function, span: range, prefix: str, source: Value | None,
             reached.update(fn.ops[i].results)
     chosen = set(members)
     used = {v for i in members for v in fn.ops[i].operands}
-    others = {p for p in fn.params if not p.name.startswith(prefix)}
     for i in reversed(span):
         op = fn.ops[i]
         if i in chosen or not used & set(op.results):
