@@ -286,13 +286,14 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
     for i, w in enumerate(where):
         placed.setdefault(w, []).append(i)
     made_by = {r: i for i in constant for r in body[i].results}
+    wanted = set(results) | {t for t, _ in sums}  # every task returns what it makes of these
     tasks = []
     for s in range(stages):
         for phase in PHASES:
             members = _with_constants(placed.get((s, phase), []), body, made_by)
             if members:
-                tasks.append(Task(s, phase, _function(f"stage{s}.{phase}", members, read_at, (s, phase),
-                                                      results + [t for t, _ in sums], sub_mesh)))
+                tasks.append(Task(s, phase, _function(f"stage{s}.{phase}", members, read_at, (s, phase), wanted,
+                                                      sub_mesh)))
     pipeline = Pipeline(stages, mesh.size(MICRO), schedule, sub_mesh, lowered, tuple(tasks), (),
                         tuple((t.name, total) for t, total in sums), frozenset(varying), tuple(r.name for r in results))
     return dataclasses.replace(pipeline, transfers=_transfers(pipeline))
@@ -448,7 +449,7 @@ def _unread_places(body: list[Op], where: list, stage_of: Mapping[str, int], sum
 
 
 def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[int, str]]], key: tuple[int, str],
-              wanted: list[Value], mesh: Mesh) -> Function:
+              wanted: set[Value], mesh: Mesh) -> Function:
     """The ops of one task (`key`) as a function: what it reads from outside
     are its parameters; what other tasks read of it (`read_at`: the tasks
     that read each value) and the `wanted` values (the step's results, the
@@ -458,9 +459,7 @@ def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[in
     params: dict[Value, None] = {}
     for op in members:
         params.update((v, None) for v in op.operands if v not in inside)
-    wanted_set = set(wanted)
-    outs = [r for op in members for r in op.results
-            if r in wanted_set or any(w != key for w in read_at.get(r, ()))]
+    outs = [r for op in members for r in op.results if r in wanted or any(w != key for w in read_at.get(r, ()))]
     return ops.verify(Function(name, tuple(params), tuple(members), tuple(outs), mesh))
 
 

@@ -43,10 +43,7 @@ def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]
             match = _LAYER_OUT.fullmatch(r.name)
             if match:
                 outputs[int(match[1])] = i
-    readers: dict[Value, list[int]] = {}
-    for i, op in enumerate(fn.ops[:forward_ops]):
-        for v in op.operands:
-            readers.setdefault(v, []).append(i)
+    readers = _readers(fn.ops[:forward_ops])
     params = set(fn.params)
     own: dict[str, set[Value]] = {}  # `layers.<l>.` -> that layer's parameters
     for p in fn.params:
@@ -58,17 +55,26 @@ def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]
     for layer in sorted(outputs):
         end = outputs[layer]
         mine = own.get(f"layers.{layer}.", set())
-        segments[layer] = _layer_ops(fn, range(start, end + 1), mine, params - mine, source, readers)
+        segments[layer] = _layer_ops(fn, range(start, end + 1), mine, params, source, readers)
         start, source = end + 1, fn.ops[end].results[0]
     return segments
 
 
-def _layer_ops(fn: Function, span: range, mine: set[Value], others: set[Value], source: Value | None,
+def _readers(ops: Sequence[Op]) -> dict[Value, list[int]]:
+    """Value -> the indices of the ops in `ops` that read it, in order."""
+    readers: dict[Value, list[int]] = {}
+    for i, op in enumerate(ops):
+        for v in op.operands:
+            readers.setdefault(v, []).append(i)
+    return readers
+
+
+def _layer_ops(fn: Function, span: range, mine: set[Value], params: set[Value], source: Value | None,
                readers: dict[Value, list[int]]) -> tuple[int, ...]:
     """The ops of `span` that are one layer's (module docstring): those reached
-    from its input `source` or its parameters (`mine`), and what they read from
-    the span that no later layer reads and that reads no other parameter
-    (`others`)."""
+    from its input `source` or its parameters (`mine`, among all `params`),
+    and what they read from the span that no later layer reads and that reads
+    no other parameter."""
     reached = mine | ({source} if source is not None else set())
     members = []
     for i in span:
@@ -83,7 +89,8 @@ def _layer_ops(fn: Function, span: range, mine: set[Value], others: set[Value], 
             continue
         # Not what reads other parameters (the embedding is the first layer's input), nor what
         # later layers read too (a mask computed in the first layer's span is shared).
-        if others & set(op.operands) or any(j > span[-1] for r in op.results for j in readers.get(r, ())):
+        reads_other = any(v in params and v not in mine for v in op.operands)
+        if reads_other or any(j > span[-1] for r in op.results for j in readers.get(r, ())):
             continue
         chosen.add(i)
         used.update(op.operands)
@@ -111,10 +118,7 @@ def rematerialize(fn: Function, forward_ops: int, layers: Sequence[int]) -> Func
     ops = list(fn.ops)
     inserts: dict[int, list[Op]] = {}  # backward op index -> recomputation to emit before it
     renamed: dict[int, dict[Value, Value]] = {}  # backward op index -> operand substitutions
-    readers: dict[Value, list[int]] = {}  # every op reading a value, in program order (read once per layer)
-    for i, op in enumerate(ops):
-        for v in op.operands:
-            readers.setdefault(v, []).append(i)
+    readers = _readers(ops)  # looked up per layer, built once
     for layer in layers:
         _plan_layer(fn, forward_ops, segments[layer], readers, inserts, renamed)
     out: list[Op] = []
