@@ -31,6 +31,8 @@ stash + transient (the microbatches) and update (the end of the step).
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +40,7 @@ from typing import Any
 from costmodel.evaluate import COMMUNICATION, Cost, collective_s, evaluate
 from costmodel.hardware import Hardware
 from ir.core import Function, TensorType
-from ir.pipeline import PIPELINE, Pipeline, Transfer
+from ir.pipeline import PHASES, PIPELINE, Pipeline, Transfer
 from ir.pipeline_run import stage_sequences
 
 
@@ -193,35 +195,50 @@ def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorTy
     return collective_s("collective_permute", (PIPELINE,), value_type, value_type, pipeline.mesh, hardware)
 
 
-def pipeline_cost(pipeline: Pipeline, hardware: Hardware) -> PipelineCost:
-    """Step time, bubble and per-stage peak memory of a pipelined step."""
-    costs: dict[tuple[int, str], Cost] = {}
+def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, ...] | None = None) -> PipelineCost:
+    """Step time, bubble and per-stage peak memory of a pipelined step.
+    `stage_map`: the stage of `pipeline` each stage of the step runs as (a
+    uniform pipeline folded to three stages, `ir.pipeline_fold`); None: the
+    pipeline's own stages. A stage receives what its stand-in receives."""
+    stage_map = tuple(range(pipeline.stages)) if stage_map is None else stage_map
+    copies = Counter(stage_map)  # how many stages of the step each stage of `pipeline` stands for
     priced: dict[tuple, Cost] = {}  # a uniform model's inner stages run the same tasks under other names
+    own: dict[tuple[int, str], Cost] = {}
     for t in pipeline.tasks:
         key = unnamed(t.function)
         if key not in priced:
             priced[key] = evaluate(t.function, hardware)
-        costs[(t.stage, t.phase)] = priced[key]
-    task_s = {key: c.step_time_s for key, c in costs.items()}
+        own[(t.stage, t.phase)] = priced[key]
+    own_s = {key: c.step_time_s for key, c in own.items()}
     arrive: dict[tuple[int, str], float] = {}
     start: dict[int, float] = {}
     total_transfer = 0.0
     for t in pipeline.transfers:
         seconds = transfer_time_s(pipeline, hardware, t.type)
-        total_transfer += seconds * (pipeline.microbatches if t.per_microbatch else 1)
+        total_transfer += seconds * (pipeline.microbatches if t.per_microbatch else 1) * copies[t.dst]
         # A forward or backward waits for its microbatch's values. A value sent
         # once delays the receiver's post, or, read before it, its start.
         if t.per_microbatch:
             arrive[(t.dst, t.phase)] = arrive.get((t.dst, t.phase), 0.0) + seconds
         elif _read_in_post(pipeline, t):
-            task_s[(t.dst, "post")] = task_s.get((t.dst, "post"), 0.0) + seconds
+            own_s[(t.dst, "post")] = own_s.get((t.dst, "post"), 0.0) + seconds
         else:
             start[t.dst] = start.get(t.dst, 0.0) + seconds
-    times = simulate_schedule(pipeline.stages, pipeline.microbatches, pipeline.schedule, task_s, arrive, start)
+    stages = range(len(stage_map))
+    costs = {(s, phase): own[(stage_map[s], phase)] for s in stages for phase in PHASES
+             if (stage_map[s], phase) in own}
+    task_s = {(s, phase): own_s[(stage_map[s], phase)] for s in stages for phase in PHASES
+              if (stage_map[s], phase) in own_s}
+    times = simulate_schedule(len(stage_map), pipeline.microbatches, pipeline.schedule, task_s,
+                              {(s, phase): arrive[(stage_map[s], phase)] for s in stages for phase in PHASES
+                               if (stage_map[s], phase) in arrive},
+                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start})
     by_kind = task_work(costs, pipeline.microbatches)[3]
     by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
-    counts = {k: pipeline.collective_counts().get(k, 0) for k in COMMUNICATION}
-    memory = tuple(_stage_memory(pipeline, s, times.in_flight[s]) for s in range(pipeline.stages))
+    counted = pipeline.collective_counts(copies)
+    counts = {k: counted.get(k, 0) for k in COMMUNICATION}
+    own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
+    memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
                         hardware.capacity_bytes, counts, by_kind)
 

@@ -40,7 +40,7 @@ forward and once in the backward pass).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ir import ops
@@ -174,20 +174,33 @@ class _Lowering:
         # Partial axes in mesh order: one canonical form, so equally partial operands compare equal.
         self.env[result] = _Local(local, dims, self.sharding.mesh.ordered(partial), combiner)
 
-    def run(self) -> Lowered:
+    def run(self, keep: Sequence[int] | None = None, substitute: Mapping[Value, Value] | None = None,
+            whole: Collection[Value] = ()) -> Lowered:
+        """Lower every op, or only the ops `keep` (indices, in program order;
+        see `lower_ops`)."""
         param_dims = []
         for p in self.fn.params:
             dims = self.sharding.def_dims(self.nda, p)
             param_dims.append(dims)
             local = self.b.param(p.name, local_type(p.type, dims, self.sharding.mesh).shape, p.type.dtype)
             self.env[p] = _Local(local, dims)
-        for i, op in enumerate(self.fn.ops):
+        substitute = substitute or {}
+        for i in range(len(self.fn.ops)) if keep is None else keep:
+            op = self.fn.ops[i]
             if ops.get(op.kind).is_collective:
                 raise LoweringError(f"{op.describe()}: the input must be a global program without collectives")
+            for v in op.operands:
+                if v not in self.env:
+                    if v not in substitute:
+                        raise LoweringError(f"{op.describe()}: %{v.name} is made by an op left out and has no "
+                                            "stand-in")
+                    self.env[v] = self.env[substitute[v]]
+                if v in whole and self.env[v].partial:
+                    raise LoweringError(f"{op.describe()}: %{v.name} is read with a pending partial sum")
             self.lower_op(i, op)
         self.b.body[:] = [placed for op in self.b.body for placed in (op, *self.hoisted.get(op.results[0], ()))]
         results, result_dims = [], []
-        for r in self.fn.results:
+        for r in self.fn.results if keep is None else [r for r in self.fn.results if r in self.env]:
             state = self.env[r]
             results.append(self.operand(r, state.dims, keep_partial=False, hoist=False))
             result_dims.append(self.env[r].dims)
@@ -312,3 +325,18 @@ def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOption
     if nda.function is not fn:
         raise LoweringError("the NDA was computed for a different function")
     return _Lowering(fn, nda, sharding, options or LowerOptions()).run()
+
+
+def lower_ops(fn: Function, nda: NDA, sharding: FactorSharding, keep: Sequence[int],
+              substitute: Mapping[Value, Value], whole: Collection[Value] = (),
+              options: LowerOptions | None = None) -> Lowered:
+    """The device-local program of the ops `keep` of `fn` alone (indices in
+    program order), every parameter kept: an operand made by an op left out
+    is read as its stand-in `substitute[v]` stands (an earlier kept value
+    lowered the same way); the results are those of `fn` the kept ops make.
+    A value in `whole` read with a pending partial sum raises LoweringError.
+    `ir.pipeline_fold` prices a uniform pipeline from three of its stages so."""
+    if nda.function is not fn:
+        raise LoweringError("the NDA was computed for a different function")
+    return _Lowering(fn, nda, sharding, options or LowerOptions()).run(keep, substitute, whole)
+

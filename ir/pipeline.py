@@ -53,7 +53,7 @@ from ir.lower import Lowered, LowerOptions, lower
 from ir.models.base import Model
 from ir.nda import NDA
 from ir.remat import layer_segments
-from ir.sharding import Decision, materialize
+from ir.sharding import Decision, FactorSharding, materialize
 from ir.text import print_function
 
 MICRO = "micro"
@@ -114,16 +114,19 @@ class Pipeline:
     def task(self, stage: int, phase: str) -> Task | None:
         return next((t for t in self.tasks if t.stage == stage and t.phase == phase), None)
 
-    def collective_counts(self) -> dict[str, int]:
+    def collective_counts(self, copies: Mapping[int, int] | None = None) -> dict[str, int]:
         """Collectives per training step on one stage's devices, summed over
         the stages; a per-microbatch task's count K times, and the transfers
-        as collective_permutes."""
+        (each where it arrives) as collective_permutes. `copies`: how many
+        stages of the step each stage stands for (`ir.pipeline_fold`)."""
+        copies = copies or {}
         counts: dict[str, int] = {}
         for task in self.tasks:
+            runs = (self.microbatches if task.per_microbatch else 1) * copies.get(task.stage, 1)
             for op in task.function.ops:
                 if ops.get(op.kind).is_collective:
-                    counts[op.kind] = counts.get(op.kind, 0) + (self.microbatches if task.per_microbatch else 1)
-        permutes = sum(self.microbatches if t.per_microbatch else 1 for t in self.transfers)
+                    counts[op.kind] = counts.get(op.kind, 0) + runs
+        permutes = sum((self.microbatches if t.per_microbatch else 1) * copies.get(t.dst, 1) for t in self.transfers)
         if permutes:
             counts["collective_permute"] = permutes
         return counts
@@ -185,6 +188,21 @@ def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
     `replicated`, as `ir.sharding.materialize` takes them), the batch split
     into `microbatches`."""
     fn = model.function
+    sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
+    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
+    forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
+    pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule)
+    by_layer = layer_stages(layer_segments(fn, model.forward_ops), stages)
+    return dataclasses.replace(pipeline, stage_layers=tuple(
+        tuple(layer for layer, s in by_layer.items() if s == stage) for stage in range(stages)))
+
+
+def microbatch_sharding(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], microbatches: int,
+                        resolutions: Mapping[int, int] | None = None,
+                        replicated: Sequence[tuple[int, str]] = ()) -> FactorSharding:
+    """The factor sharding of one microbatch's step on `microbatch_mesh`: the
+    batch on `micro`, then the plan's decisions (`pipeline_step`)."""
+    fn = model.function
     if not model.forward_ops:
         raise PipelineError(f"@{fn.name} is not a training step built here (model.step: train): pipelining "
                             "splits a forward and its backward into stages")
@@ -201,12 +219,7 @@ def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
         if p.type.rank and not (same and MICRO in sharding.def_dims(nda, p)[0]):
             raise PipelineError(f"the batch of %{name} ({p.type.shape[0]}) does not split into {microbatches} "
                                 "microbatches")
-    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
-    forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
-    pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule)
-    by_layer = layer_stages(layer_segments(fn, model.forward_ops), stages)
-    return dataclasses.replace(pipeline, stage_layers=tuple(
-        tuple(layer for layer, s in by_layer.items() if s == stage) for stage in range(stages)))
+    return sharding
 
 
 # ------------------------------------------------------------------ stages

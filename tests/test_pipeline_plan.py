@@ -23,7 +23,7 @@ from solver.frontend.cli import _int_list
 from solver.planning.expect import evaluate_formula
 from solver.planning.grid import plan_grid
 from solver.planning.meshes import concrete_data
-from solver.planning.pipelining import pipelined, with_schedule
+from solver.planning.pipelining import pipelined, pipelined_cost, with_schedule
 from solver.planning.planner import plan_spec
 from solver.planning.spec import SpecError, load_spec, parse_spec, validate_spec
 
@@ -240,12 +240,17 @@ def test_cpsat_best_plans_are_reranked_by_the_pipeline_schedule(monkeypatch):
     import solver.planning.pipelining
     import solver.planning.planner
 
-    priced = []  # every plan a pipeline is lowered and priced for: the floor's, the re-ranked, the answer
-    for module in (solver.planning.floor, solver.planning.pipelining, solver.planning.planner):
-        monkeypatch.setattr(module, "pipelined", lambda spec, model, nda, plan, *rest, **kw:
-                            priced.append(plan) or pipelined(spec, model, nda, plan, *rest, **kw))
+    priced, made = [], []  # the plans priced (the floor's, the re-ranked); those made whole (the answer)
+    for module in (solver.planning.floor, solver.planning.planner):
+        monkeypatch.setattr(module, "pipelined_cost", lambda spec, model, nda, plan, *rest, **kw:
+                            priced.append(plan) or pipelined_cost(spec, model, nda, plan, *rest, **kw))
+    monkeypatch.setattr(solver.planning.planner, "pipelined", lambda spec, model, nda, plan, *rest, **kw:
+                        made.append(plan) or pipelined(spec, model, nda, plan, *rest, **kw))
     floored = plan_spec(load_spec(PIPELINED), "cpsat")
     assert len(priced) == len(set(priced)) and floored.plan in priced  # each once, the answer's included
+    # Made whole: the search's answer and the floor's that replaced it, once each; the other
+    # re-ranked plans are priced folded (`ir.pipeline_fold`) and never made.
+    assert len(made) == len(set(made)) == 2 and floored.plan in made and len(set(priced) - set(made)) >= 3
     assert floored.floor_kept and floored.schedule == floored.floor.best.schedule
     assert floored.assessment.cost.step_time_s == pytest.approx(floored.floor.best.step_time_s, rel=1e-9)
     assert floored.assessment.cost.step_time_s < planned.assessment.cost.step_time_s

@@ -29,7 +29,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import LowerOptions
 from solver.plan import Plan
-from solver.planning.pipelining import pipelined, search_nda
+from solver.planning.pipelining import pipelined_cost, search_nda
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, apply_schedule
 
@@ -75,8 +75,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     `prepare(remat)` gives the program with those layers rematerialized
     (`planner.prepare`, memoized by the caller); `table(remat, hardware)`, if
     given, its cost table (the planner's, which the search then reuses);
-    `pipeline(remat, plan, options)`, if given, a pipelined spec's step under
-    a plan and its cost (the planner's, memoized)."""
+    `pipeline(remat, plan, options)`, if given, the cost of a pipelined
+    spec's step under a plan (the planner's, memoized)."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
@@ -88,8 +88,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
             plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name))
             if spec.pipelined:
-                _, cost = pipeline(remat, plan, options) if pipeline is not None else \
-                    pipelined(spec, prepared.model, prepared.nda, plan, hardware, options)
+                cost = pipeline(remat, plan, options) if pipeline is not None else \
+                    pipelined_cost(spec, prepared.model, prepared.nda, plan, hardware, options)
                 step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:
                 if remat not in tables:

@@ -42,6 +42,7 @@ from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
 from ir.pipeline import Pipeline, PipelineError, microbatch_nda, pipeline_step
+from ir.pipeline_fold import fold_pipeline
 from solver.plan import Plan
 from solver.planning.spec import Spec, SpecError
 
@@ -68,9 +69,9 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
               options: LowerOptions | None = None, microbatches: int | None = None) -> tuple[Pipeline, PipelineCost]:
     """The spec's pipelined step under `plan` (which shards each stage), with
     `microbatches` (default: the spec's, or with `microbatches: auto` the
-    best count for the plan), and its cost."""
+    best count for the plan, `choose_microbatches`), and its cost."""
     if microbatches is None and spec.microbatches_auto:
-        return choose_microbatches(spec, model, nda, plan, hardware, options)
+        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
     try:
         pipeline = pipeline_step(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
                                  microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
@@ -78,6 +79,25 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
     return with_schedule(pipeline, hardware, spec.pipeline_schedule)
+
+
+def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                   options: LowerOptions | None = None, microbatches: int | None = None) -> PipelineCost:
+    """`pipelined`'s cost, from the pipeline folded to three stages where
+    its inner stages are provably equal (`ir.pipeline_fold`: the same price
+    without lowering every layer), else from the whole one. What the floor,
+    the re-ranking and the choice of K price; the answer is made whole."""
+    if microbatches is None and spec.microbatches_auto:
+        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
+    try:
+        folded = fold_pipeline(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
+                               microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
+                               resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options)
+    except PipelineError as exc:
+        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    if folded is None:
+        return pipelined(spec, model, nda, plan, hardware, options, microbatches)[1]
+    return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map)[1]
 
 
 def microbatch_counts(nda: NDA, model: Model, plan: Plan) -> list[int]:
@@ -91,42 +111,45 @@ def microbatch_counts(nda: NDA, model: Model, plan: Plan) -> list[int]:
 
 
 def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                        options: LowerOptions | None = None) -> tuple[Pipeline, PipelineCost]:
-    """`microbatches: auto`: the plan's pipelined step with the count that
-    gives the fastest step that fits (the smaller count on a tie), else the
+                        options: LowerOptions | None = None) -> int:
+    """`microbatches: auto`: the count that gives the plan's fastest
+    pipelined step that fits (the smaller count on a tie), else the
     smallest peak; the counts are those that split the batch
     (`microbatch_counts`)."""
     best = None
     for k in microbatch_counts(nda, model, plan):
-        pipeline, cost = pipelined(spec, model, nda, plan, hardware, options, microbatches=k)
+        cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
         key = (not cost.fits, cost.step_time_s if cost.fits else max(cost.peak_memory_bytes))
         if best is None or key < best[0]:
-            best = (key, pipeline, cost)
+            best = (key, k)
     assert best is not None  # K = 1 always splits the batch
-    return best[1], best[2]
+    return best[1]
 
 
-def pipelined_step_s(priced: Callable[[], tuple[Pipeline, PipelineCost]]) -> float:
-    """The step time of a plan's pipelined step (`priced()`: `pipelined`'s
-    answer for it); infinite when it does not fit or cannot be pipelined
+def pipelined_step_s(priced: Callable[[], PipelineCost]) -> float:
+    """The step time of a plan's pipelined step (`priced()`: its
+    `pipelined_cost`); infinite when it does not fit or cannot be pipelined
     (what re-ranks CP-SAT's best plans)."""
     try:
-        _, cost = priced()
+        cost = priced()
     except SpecError:
         return math.inf
     return cost.step_time_s if cost.fits else math.inf
 
 
-def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None) -> tuple[Pipeline, PipelineCost]:
+def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None,
+                  stage_map: tuple[int, ...] | None = None) -> tuple[Pipeline, PipelineCost]:
     """The pipeline on `schedule`, priced; None: GPipe, or 1F1B where
     GPipe's microbatches in flight do not fit (the same time, less memory);
-    1F1B for one stage (gradient accumulation: one microbatch at a time)."""
-    default = "1f1b" if pipeline.stages == 1 else "gpipe"
+    1F1B for one stage (gradient accumulation: one microbatch at a time).
+    `stage_map`: a folded pipeline's (`costmodel.pipeline.pipeline_cost`)."""
+    stages = pipeline.stages if stage_map is None else len(stage_map)
+    default = "1f1b" if stages == 1 else "gpipe"
     chosen = dataclasses.replace(pipeline, schedule=schedule or default)
-    cost = pipeline_cost(chosen, hardware)
+    cost = pipeline_cost(chosen, hardware, stage_map)
     if schedule is None and not cost.fits:
         chosen = dataclasses.replace(pipeline, schedule="1f1b")
-        cost = pipeline_cost(chosen, hardware)
+        cost = pipeline_cost(chosen, hardware, stage_map)
     return chosen, cost
 
 

@@ -28,7 +28,15 @@ from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
 from solver.planning.floor import Floor, expert_floor
-from solver.planning.pipelining import as_cost, pipeline_json, pipelined, pipelined_step_s, search_hardware, search_nda
+from solver.planning.pipelining import (
+    as_cost,
+    pipeline_json,
+    pipelined,
+    pipelined_cost,
+    pipelined_step_s,
+    search_hardware,
+    search_nda,
+)
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -135,7 +143,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options, programs.table, programs.pipelined)
+        experts = expert_floor(spec, programs, options, programs.table, programs.priced)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
@@ -172,20 +180,32 @@ class _Programs:
         self.spec = spec
         self.built = {} if prepared is None else {prepared.remat: prepared}
         self.tables: dict[tuple[str, ...], list] = {}  # remat -> [(hardware, CostTable)]
-        self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> priced
+        self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> made
+        self.prices: dict[tuple, PipelineCost] = {}  # (remat, plan, options) -> priced
 
     def pipelined(self, remat: tuple[str, ...], plan: Plan,
                   options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
         """The spec's pipelined step under `plan` on the program with `remat`
-        rematerialized, and its cost, made once per plan: the floor, the
-        re-ranking of the search's best plans and the answer price the same
-        plans (a pipeline lowers and prices the whole step again)."""
+        rematerialized, and its cost, made once per plan (the answer's)."""
         key = (remat, plan, options)
         if key not in self.pipelines:
             program = self(remat)
             self.pipelines[key] = pipelined(self.spec, program.model, program.nda, plan, self.spec.hardware_obj(),
                                             options)
         return self.pipelines[key]
+
+    def priced(self, remat: tuple[str, ...], plan: Plan, options: LowerOptions | None) -> PipelineCost:
+        """That step's cost alone, once per plan: the floor and the re-ranking
+        of the search's best plans price the same plans, most of them never
+        made whole (`pipelined_cost` folds a uniform pipeline)."""
+        key = (remat, plan, options)
+        if key in self.pipelines:
+            return self.pipelines[key][1]
+        if key not in self.prices:
+            program = self(remat)
+            self.prices[key] = pipelined_cost(self.spec, program.model, program.nda, plan,
+                                              self.spec.hardware_obj(), options)
+        return self.prices[key]
 
     def __call__(self, remat: tuple[str, ...]) -> Prepared:
         if remat not in self.built:
@@ -273,7 +293,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     search = _Search(model, planning, mesh, search_hardware(spec, hardware), progress)
     search.make_table = lambda: programs.table(remat, search.hardware)
     if spec.pipelined:
-        search.score = lambda plan, _: pipelined_step_s(lambda: programs.pipelined(remat, plan, options))
+        search.score = lambda plan, _: pipelined_step_s(lambda: programs.priced(remat, plan, options))
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:

@@ -1,0 +1,117 @@
+"""A uniform pipeline priced from three of its stages (`ir.pipeline_fold`)
+costs exactly what the whole pipeline costs: step time, every stage's
+memory, the collectives and the transfers; a pipeline whose inner stages
+differ is not folded."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.pipeline import pipeline_cost
+from ir.lower import LoweringError, lower_ops
+from ir.pipeline import pipeline_step
+from ir.pipeline_fold import fold_pipeline
+from solver.plan import Plan
+from solver.planning.pipelining import pipelined, pipelined_cost
+from solver.planning.planner import plan_spec
+from solver.planning.spec import parse_spec
+
+GPT = """
+model:
+  builder: transformer
+  args: {{layers: {layers}, d_model: 64, heads: 4, head_dim: 16, mlp_hidden: 256, vocab: 512, seq: 32, batch: 16,
+          norm: layer, tied_embeddings: {tied}}}
+  step: train
+devices: {devices}
+mesh: {{pipeline: {stages}, batch: 2, model: 2}}
+pipeline: {{microbatches: {k}}}
+hardware:
+  preset: A100-80GB
+  links: {{pipeline: infiniband}}
+schedules:
+  BP:
+    tactics:
+      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
+  BP+MP+R:
+    tactics:
+      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
+      - manual: {{axis: model, values: {{"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}}
+      - remat: {{values: ["layers.*"]}}
+  ZeRO:
+    tactics:
+      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
+      - manual: {{axis: model, values: {{"layers.*.mlp.w_up": 0, "layers.*.mlp.w_down": 1}}}}
+"""
+
+
+def _spec(layers=8, stages=4, k=4, tied=True):
+    return parse_spec(GPT.format(layers=layers, stages=stages, k=k, tied=str(tied).lower(), devices=4 * stages),
+                      "gpt.yaml")
+
+
+def _both(planned, schedule):
+    spec, plan = planned.spec, planned.plan
+    args = dict(stages=spec.stages, microbatches=spec.microbatch_count, schedule=schedule,
+                resolutions=dict(plan.resolutions), replicated=plan.replicated)
+    whole = pipeline_step(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    folded = fold_pipeline(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    return whole, folded
+
+
+@pytest.mark.parametrize("layers, stages, k, tied", [(8, 4, 4, True), (8, 8, 2, True), (12, 6, 8, False)])
+@pytest.mark.parametrize("schedule_name", ["BP", "BP+MP+R", "ZeRO"])
+def test_folded_price_is_the_whole_pipelines(layers, stages, k, tied, schedule_name):
+    planned = plan_spec(_spec(layers, stages, k, tied), "none", schedule=schedule_name)
+    hardware = planned.spec.hardware_obj()
+    for schedule in ("gpipe", "1f1b"):
+        whole, folded = _both(planned, schedule)
+        assert folded is not None and folded.pipeline.stages == 3
+        assert folded.stage_map == (0,) + (1,) * (stages - 2) + (2,)
+        exact, priced = pipeline_cost(whole, hardware), pipeline_cost(folded.pipeline, hardware, folded.stage_map)
+        assert priced.step_time_s == pytest.approx(exact.step_time_s, rel=1e-12)
+        assert priced.bubble_fraction == pytest.approx(exact.bubble_fraction, rel=1e-12)
+        assert priced.transfer_s == pytest.approx(exact.transfer_s, rel=1e-12)
+        assert priced.memory == exact.memory  # every stage: resident, sums, stash, in flight, transient, update
+        assert dict(priced.collective_counts) == dict(exact.collective_counts)
+        assert priced.task_s == pytest.approx(exact.task_s, rel=1e-12)
+        assert priced.schedule.in_flight == exact.schedule.in_flight
+        # Three stages lowered instead of P: fewer ops, the more so the deeper the pipeline.
+        assert len(folded.pipeline.local.function.ops) < len(whole.local.function.ops)
+
+
+def test_pipelined_cost_is_pipelined_s_cost():
+    planned = plan_spec(_spec(), "none", schedule="BP+MP+R")
+    spec, hardware = planned.spec, planned.spec.hardware_obj()
+    exact = pipelined(spec, planned.model, planned.nda, planned.plan, hardware)[1]
+    priced = pipelined_cost(spec, planned.model, planned.nda, planned.plan, hardware)
+    assert priced.step_time_s == pytest.approx(exact.step_time_s, rel=1e-12)
+    assert priced.peak_memory_bytes == exact.peak_memory_bytes
+
+
+def test_three_stages_or_fewer_are_not_folded():
+    planned = plan_spec(_spec(layers=6, stages=3), "none", schedule="BP")
+    assert _both(planned, "gpipe")[1] is None
+
+
+def test_inner_stages_sharded_differently_are_not_folded():
+    # One inner layer's MLP sharded on model, the others' not: stage 2 differs from stage 1.
+    planned = plan_spec(_spec(), "none", schedule="BP")
+    nda, model = planned.nda, planned.model
+    w_up = model.function.param("layers.4.mlp.w_up")
+    color = nda.def_color(w_up, 1)
+    assert color != nda.def_color(model.function.param("layers.2.mlp.w_up"), 1)  # per-layer colors
+    plan = Plan(planned.plan.mesh, planned.plan.decisions + (planned.plan.decisions[0].__class__("model", color),),
+                planned.plan.resolutions, planned.plan.replicated)
+    args = dict(stages=4, microbatches=4, resolutions=dict(plan.resolutions), replicated=plan.replicated)
+    assert fold_pipeline(model, nda, plan.mesh, plan.decisions, **args) is None
+    # and pricing it falls back to the whole pipeline
+    spec, hardware = planned.spec, planned.spec.hardware_obj()
+    exact = pipeline_cost(pipeline_step(model, nda, plan.mesh, plan.decisions, schedule="gpipe", **args), hardware)
+    assert pipelined_cost(spec, model, nda, plan, hardware).step_time_s == pytest.approx(exact.step_time_s)
+
+
+def test_lower_ops_needs_a_stand_in_for_what_it_leaves_out():
+    planned = plan_spec(_spec(), "none", schedule="BP")
+    fn = planned.model.function
+    with pytest.raises(LoweringError, match="made by an op left out and has no stand-in"):
+        lower_ops(fn, planned.nda, planned.sharding, [len(fn.ops) - 1], {})
