@@ -152,7 +152,7 @@ def test_cli_plan_with_a_mesh_search(capsys, tmp_path):
     code, _, err = shardplan(capsys, "lower", str(path))
     assert code == 1 and "a mesh search (auto sizes) is run by `shardplan plan`" in err
     code, _, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--schedule", "DP")
-    assert code == 1 and "a mesh search (mesh: auto) has no schedules" in err
+    assert code == 1 and "a mesh search (mesh: auto) plans each mesh with the search backend" in err
     code, out, _ = shardplan(capsys, "plan", "specs/mlp.yaml", "--json")
     assert json.loads(out)["mesh_search"] == []  # a fixed mesh
 
@@ -166,12 +166,13 @@ def test_the_next_mesh_is_hinted_with_the_fastest_plan_so_far(tmp_path):
     path.write_text(SMALL.replace("MESH", "auto"))
     tried = list(plan_meshes(path, "cpsat").tried)
     fastest = min(tried, key=lambda t: t.step_time_s).planned.plan
-    shared = SimpleNamespace(nda=tried[0].planned.nda)
-    seed = _seed(tried, shared, Mesh.of(model=4))
-    assert seed.mesh == Mesh.of(model=4)
+    shared = {(): SimpleNamespace(nda=tried[0].planned.nda)}
+    seed, remat = _seed(tried, shared, Mesh.of(model=4))
+    assert seed.mesh == Mesh.of(model=4) and remat == ()
     assert seed.decisions == tuple(d for d in fastest.decisions if d.axis == "model")
-    assert _seed(tried, SimpleNamespace(nda=None), Mesh.of(model=4)) is None  # another program's plans: none
-    assert _seed([], shared, Mesh.of(model=4)) is None
+    other = {(): SimpleNamespace(nda=None)}
+    assert _seed(tried, other, Mesh.of(model=4)) == (None, None)  # another program's plans: none
+    assert _seed([], shared, Mesh.of(model=4)) == (None, None)
 
 
 def test_a_mesh_the_step_cannot_run_on_is_reported_and_the_others_planned(tmp_path, capsys):

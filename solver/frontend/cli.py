@@ -152,11 +152,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     search = None
     if is_mesh_search(parse_yaml(read_spec_text(args.spec), args.spec)):
         if args.schedule is not None:
-            raise SpecError(f"{args.spec}: --schedule: a mesh search (mesh: auto) has no schedules; each mesh is "
-                            "planned by the search backend")
+            raise SpecError(f"{args.spec}: --schedule: a mesh search (mesh: auto) plans each mesh with the search "
+                            "backend; the named schedules that apply to a mesh are its screen and floor")
         overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
         search = meshes.plan_meshes(args.spec, args.solver, LowerOptions(reuse_resharded=args.reuse_resharded),
-                                    overrides, _progress(args))
+                                    overrides, _progress(args),
+                                    meshes.SEARCHED if args.search_meshes is None else args.search_meshes)
         planned = search.best
     else:
         planned = _planned(args)
@@ -396,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--grid", action="store_true",
                            help="a mesh search's DistIR grid: every data x tensor x pipeline split and microbatch "
                            "count, sorted by step time (docs/specs.md)")
+            p.add_argument("--search-meshes", type=int, metavar="N",
+                           help="a mesh search with more candidate meshes than N screens each with the plans it "
+                           "has (its named schedules, the best searched plan) and searches the N best (default 4)")
             p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
                            help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
             p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",

@@ -32,15 +32,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.hardware import PRESETS, topology_links
-from ir.core import Mesh
+from ir.core import IRError, Mesh
 from ir.lower import LowerOptions
 from ir.pipeline import PIPELINE
 from solver.plan import Plan
+from solver.planning.floor import manual_schedules
+from solver.planning.mesh_screen import Screened, screen_mesh
 from solver.planning.planner import Planned, Prepared, SearchOverrides, plan_spec, prepare
-from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
+from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
 
 AUTO = "auto"
+SEARCHED = 4  # a larger mesh search screens every mesh and searches this many (`--search-meshes`)
 DEFAULT_AXES = ("batch", "model")  # `mesh: auto`: data x tensor, DistIR's D x T
 
 
@@ -50,9 +53,11 @@ class MeshTried:
 
     mesh: tuple[tuple[str, int], ...]
     links: tuple[tuple[str, str], ...]  # the link class (or inline link's kind) of each axis
-    planned: Planned | None
+    planned: Planned | None  # None: no plan fits, or the mesh was screened and not searched
     message: str  # the search's message, or why no plan fits
     seconds: float
+    screened: Screened | None = None  # its screen (`solver.planning.mesh_screen`), if it had one
+    searched: bool = True  # False: screened only
 
     @property
     def step_time_s(self) -> float | None:
@@ -159,10 +164,29 @@ def concrete_data(data: dict[str, Any], mesh: tuple[tuple[str, int], ...]) -> di
     return out
 
 
+def mesh_spec(data: dict[str, Any], mesh: tuple[tuple[str, int], ...], filename: str) -> Spec:
+    """The spec on this mesh (`concrete_data`) with the named schedules that
+    apply to it (those whose axes it has; their `expect:` blocks, written
+    for one mesh, left out): the screen's plans and each search's floor."""
+    concrete = concrete_data(data, mesh)
+    schedules: dict[str, Any] = {}
+    for name, body in (data.get("schedules") or {}).items():
+        body = {k: v for k, v in body.items() if k != "expect"} if isinstance(body, dict) else body
+        try:
+            validate_spec({**concrete, "schedules": {**schedules, name: body}}, filename).tactics(name)
+        except (SpecError, IRError):  # an axis this mesh lacks, or a schedule it extends that did
+            continue
+        schedules[name] = body
+    return validate_spec({**concrete, "schedules": schedules} if schedules else concrete, filename)
+
+
 def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions | None = None,
-                overrides: SearchOverrides | None = None, progress: Progress = SILENT) -> MeshSearch:
-    """Plan every candidate mesh of the mesh-search spec at `path` with the
-    search backend `solver` and keep the fastest plan that fits."""
+                overrides: SearchOverrides | None = None, progress: Progress = SILENT,
+                searched: int = SEARCHED) -> MeshSearch:
+    """Plan the candidate meshes of the mesh-search spec at `path` with the
+    search backend `solver` and keep the fastest plan that fits. With more
+    than `searched` meshes, every mesh is screened first
+    (`solver.planning.mesh_screen`) and the `searched` best are searched."""
     filename = os.fspath(path)
     data = parse_yaml(read_spec_text(path), filename)
     if not is_mesh_search(data):
@@ -170,12 +194,31 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
     if solver not in ("cpsat", "mcts"):
         raise SpecError(f"{filename}: mesh: auto plans each mesh with a search backend: add --solver cpsat "
                         "(or mcts)")
+    if searched < 1:
+        raise SpecError(f"{filename}: a mesh search searches at least one mesh; got {searched}")
     candidates = candidate_meshes(data, filename)
     devices = math.prod(n for _, n in candidates[0])
-    tried, seen = [], set()
-    prepared = None  # the program, its analysis and its one-device cost do not depend on the mesh
+    run = _Meshes(filename, solver, options, overrides, progress, _distinct(data, candidates, filename))
+    if len(run.meshes) <= searched:
+        for mesh, spec in run.meshes:
+            run.search(mesh, spec)
+    else:
+        run.screen_and_search(searched)
+    progress.clear()
+    rows = tuple(run.tried[mesh] for mesh, _ in run.meshes)
+    fitting = [t for t in rows if t.planned is not None and t.planned.assessment.cost.fits]
+    if not fitting:
+        raise NoPlanFits(f"{filename}: mesh search: no plan fits on any of the {len(rows)} meshes of "
+                         f"{devices} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in rows))
+    best = min(fitting, key=lambda t: t.step_time_s)  # the first in enumeration order on a tie
+    return MeshSearch(devices, rows, best.planned)
+
+
+def _distinct(data: dict[str, Any], candidates: list, filename: str) -> list[tuple[tuple, Spec]]:
+    """Each candidate mesh with its spec, meshes that are one problem once."""
+    meshes, seen = [], set()
     for mesh in candidates:
-        spec = validate_spec(concrete_data(data, mesh), filename)
+        spec = mesh_spec(data, mesh, filename)
         hardware = spec.hardware_obj()
         # A search over every axis does not read axis names, so meshes with the same sizes on the same
         # links are one problem (batch=16 and model=16): the first is planned. An imported program's
@@ -185,37 +228,117 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
             if same in seen:
                 continue
             seen.add(same)
+        meshes.append((mesh, spec))
+    return meshes
+
+
+class _Meshes:
+    """One mesh search's meshes, their programs (shared: they do not depend
+    on the mesh) and what was tried on each."""
+
+    def __init__(self, filename: str, solver: str, options: LowerOptions | None,
+                 overrides: SearchOverrides | None, progress: Progress, meshes: list[tuple[tuple, Spec]]) -> None:
+        self.filename, self.solver, self.options, self.overrides = filename, solver, options, overrides
+        self.progress, self.meshes = progress, meshes
+        self.built: dict[tuple[str, ...], Prepared] = {}
+        self.tried: dict[tuple, MeshTried] = {}
+
+    def search(self, mesh: tuple, spec: Spec, screened: Screened | None = None) -> None:
+        """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's)."""
         start = time.perf_counter()
-        progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
-        prepared = prepared or prepare(spec)
+        self.progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
+        hint, hint_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
+        if hint is None and screened is not None and screened.plan is not None and screened.fits:
+            hint, hint_remat = screened.plan, screened.remat
         try:
-            planned = plan_spec(spec, solver, options, overrides, progress, prepared=prepared,
-                                hint=_seed(tried, prepared, spec.sharding_mesh()))
+            planned = plan_spec(spec, self.solver, self.options, self.overrides, self.progress, built=self.built,
+                                hint=hint, hint_remat=hint_remat)
             message = planned.search[-1].message if planned.search else ""
         except (NoPlanFits, SpecError) as exc:  # SpecError: this mesh cannot run the step (more stages than layers)
-            planned, message = None, str(exc).removeprefix(f"{filename}: ")
-        links = tuple((a, hardware.links[a].kind) for a, _ in mesh)
-        tried.append(MeshTried(mesh, links, planned, message, time.perf_counter() - start))
-    progress.clear()
-    fitting = [t for t in tried if t.planned is not None and t.planned.assessment.cost.fits]
-    if not fitting:
-        raise NoPlanFits(f"{filename}: mesh search: no plan fits on any of the {len(tried)} meshes of "
-                         f"{devices} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in tried))
-    best = min(fitting, key=lambda t: t.step_time_s)  # the first in enumeration order on a tie
-    return MeshSearch(devices, tuple(tried), best.planned)
+            planned, message = None, str(exc).removeprefix(f"{self.filename}: ")
+        self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), planned, message, time.perf_counter() - start,
+                                     screened)
+
+    def screen_and_search(self, searched: int) -> None:
+        """Screen every mesh with its named schedules and search the best; screen
+        the others again with that mesh's searched plan, and search the next
+        best until `searched` meshes are. (Where no named schedule applies to
+        any mesh, the first mesh is searched first to have a plan to screen with.)"""
+        if not any(manual_schedules(spec) for _, spec in self.meshes):
+            for mesh, spec in self.meshes[:searched]:  # in order, until one has a plan that fits
+                self.search(mesh, spec)
+                if self._has_seed():
+                    break
+        screens: dict[tuple, tuple[Screened, float]] = {}
+        self._screen(screens)
+        rescreened = self._has_seed()  # the first screen had a searched plan already
+        while True:
+            ranked = sorted(screens, key=lambda m: screens[m][0].rank)
+            waiting = [m for m in ranked if m not in self.tried]
+            if not waiting or len(self.tried) >= searched:
+                break
+            self.search(waiting[0], dict(self.meshes)[waiting[0]], screens[waiting[0]][0])
+            if not rescreened and self._has_seed():
+                self._screen(screens, again=True)
+                rescreened = True
+        for mesh, spec in self.meshes:
+            if mesh not in self.tried:
+                screened, seconds = screens[mesh]
+                self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), None,
+                                             f"screened {ranked.index(mesh) + 1} of {len(ranked)}, not searched",
+                                             seconds, screened, searched=False)
+
+    def _has_seed(self) -> bool:
+        """Some searched mesh has a plan that fits (the screen's second source)."""
+        return _seed(list(self.tried.values()), self.built, Mesh(()))[0] is not None
+
+    def _screen(self, screens: dict[tuple, tuple[Screened, float]], again: bool = False) -> None:
+        """Screen the meshes not searched: with their named schedules and the
+        best plan searched so far, or (`again`) with that plan alone, keeping
+        the faster screen."""
+        for mesh, spec in self.meshes:
+            if mesh in self.tried or (not again and mesh in screens):
+                continue
+            start = time.perf_counter()
+            self.progress.update(f"mesh screen: {mesh_shape(mesh)}", force=True)
+            seed, seed_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
+            with_seed = (f"the plan of {_best(self.tried).shape}", seed_remat, seed) if seed is not None else None
+            if again and with_seed is None:
+                continue
+            screened = screen_mesh(spec, self.built, prepare, with_seed, self.options, schedules=not again)
+            if mesh in screens:
+                before, seconds = screens[mesh]
+                screened = min((before, screened), key=lambda x: x.rank)
+                screens[mesh] = (screened, seconds + time.perf_counter() - start)
+            else:
+                screens[mesh] = (screened, time.perf_counter() - start)
 
 
-def _seed(tried: list[MeshTried], prepared: Prepared, mesh: Mesh) -> Plan | None:
-    """CP-SAT's hint on the next mesh (XLA's hints across mesh shapes): the
-    fastest plan so far of the shared program, its decisions on the axes
-    this mesh also has. The colors are the shared NDA's, so they carry over."""
-    done = [t.planned for t in tried if t.planned is not None and t.planned.nda is prepared.nda
-            and t.planned.assessment.cost.fits]
+def _links(spec: Spec, mesh: tuple) -> tuple[tuple[str, str], ...]:
+    hardware = spec.hardware_obj()
+    return tuple((a, hardware.links[a].kind) for a, _ in mesh)
+
+
+def _best(tried: dict[tuple, MeshTried]) -> MeshTried:
+    """The fastest searched mesh that fits so far."""
+    done = [t for t in tried.values() if t.planned is not None and t.planned.assessment.cost.fits]
+    return min(done, key=lambda t: t.step_time_s)
+
+
+def _seed(tried: list[MeshTried], built: dict[tuple[str, ...], Prepared],
+          mesh: Mesh) -> tuple[Plan | None, tuple[str, ...] | None]:
+    """CP-SAT's hint on the next mesh (XLA's hints across mesh shapes) and the
+    rematerialized layers of its program: the fastest plan so far that fits,
+    its decisions on the axes this mesh also has. The colors are those of the
+    shared program's analysis (`built`), so they carry over."""
+    done = [t.planned for t in tried if t.planned is not None and t.planned.assessment.cost.fits
+            and t.planned.remat in built and t.planned.nda is built[t.planned.remat].nda]
     if not done:
-        return None
-    best = min(done, key=lambda p: p.assessment.cost.step_time_s).plan
-    return Plan(mesh, tuple(d for d in best.decisions if d.axis in mesh.names), best.resolutions,
-                tuple((k, a) for k, a in best.replicated if a in mesh.names))
+        return None, None
+    best = min(done, key=lambda p: p.assessment.cost.step_time_s)
+    plan = best.plan
+    return Plan(mesh, tuple(d for d in plan.decisions if d.axis in mesh.names), plan.resolutions,
+                tuple((k, a) for k, a in plan.replicated if a in mesh.names)), best.remat
 
 
 def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:
@@ -227,7 +350,9 @@ def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:
                      "step_time_s": cost.step_time_s if cost else None,
                      "peak_memory_bytes": cost.peak_memory_bytes if cost else None,
                      "fits": bool(cost and cost.fits), "best": t.planned is search.best,
-                     "search_s": t.seconds, "message": t.message})
+                     "searched": t.searched,
+                     "search_s": t.seconds, "message": t.message,
+                     "screened": t.screened.to_json() if t.screened is not None else None})
     return rows
 
 
@@ -237,16 +362,30 @@ def format_mesh_search(rows: list[dict[str, Any]], devices: int) -> str:
     shapes = [mesh_shape(r["mesh"].items()) for r in rows]
     links = [", ".join(r["links"].values()) for r in rows]
     wide, wide_links = max([28, *map(len, shapes)]), max([28, *map(len, links)])
-    lines = [f"mesh search: {meshes} of {devices} devices, each planned over all its axes", "",
-             f"  {'mesh':<{wide}} {'links':<{wide_links}} {'step time':>12} {'peak memory':>12} {'fits':>5} "
-             f"{'search':>8}"]
+    screened = any(r["screened"] for r in rows)
+    searched = sum(1 for r in rows if r["searched"])
+    how = (f"each screened with the plans it has, the {searched} best searched over all their axes" if screened
+           else "each planned over all its axes")
+    lines = [f"mesh search: {meshes} of {devices} devices, {how}", "",
+             f"  {'mesh':<{wide}} {'links':<{wide_links}} " + (f"{'screened':>12} " if screened else "")
+             + f"{'step time':>12} {'peak memory':>12} {'fits':>5} {'time':>8}"]
     for r, shape, link in zip(rows, shapes, links):
         step = f"{r['step_time_s'] * 1e3:,.3f} ms" if r["step_time_s"] is not None else "no plan"
         peak = f"{r['peak_memory_bytes'] / 2**30:,.2f} GiB" if r["peak_memory_bytes"] is not None else "-"
         mark = "  <- best" if r["best"] else f"  ({r['message'].split('; ')[0]})" if r["step_time_s"] is None else ""
-        lines.append(f"  {shape:<{wide}} {link:<{wide_links}} {step:>12} {peak:>12} {'yes' if r['fits'] else 'no':>5} "
-                     f"{r['search_s']:>7.1f}s{mark}")
+        screen = (f"{_screened(r['screened']):>12} " if screened else "")
+        lines.append(f"  {shape:<{wide}} {link:<{wide_links}} {screen}{step:>12} {peak:>12} "
+                     f"{'yes' if r['fits'] else 'no' if r['searched'] else '-':>5} {r['search_s']:>7.1f}s{mark}")
     return "\n".join(lines) + "\n\n"
+
+
+def _screened(screen: dict[str, Any] | None) -> str:
+    """A screened step time, marked when its plan does not fit."""
+    if screen is None:
+        return "-"
+    if screen["step_time_s"] is None:
+        return "no plan"
+    return f"{screen['step_time_s'] * 1e3:,.3f} ms" + ("" if screen["fits"] else "*")
 
 
 __all__ = ["MeshSearch", "MeshTried", "candidate_meshes", "concrete_data", "format_mesh_search", "mesh_shape",

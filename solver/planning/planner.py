@@ -124,7 +124,8 @@ def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
               overrides: SearchOverrides | None = None, progress: Progress = SILENT,
               schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None,
-              floor: bool = True) -> Planned:
+              floor: bool = True, built: dict[tuple[str, ...], Prepared] | None = None,
+              hint_remat: tuple[str, ...] | None = None) -> Planned:
     """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
     None: the default, see `Spec.schedule_name`) and lower the plan.
     `solver="none"` runs the schedule as written (its auto tactics with their
@@ -133,12 +134,15 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     mesh axis) hinted with the schedule's manual plan. `prepared` reuses the
     program of an earlier call on the same spec (unless the schedule
     rematerializes other layers: a remat tactic changes the program).
-    `hint`: a plan of that program for CP-SAT's hint when the schedule gives
-    none (a mesh search passes the best plan of the meshes before).
+    `hint`: a plan of that program (or of the one with `hint_remat`
+    rematerialized) for CP-SAT's hint when the schedule gives none (a mesh
+    search passes the best plan of the meshes before). `built`: the programs
+    by rematerialized layers, shared with other calls on the same model
+    (a mesh search's meshes) and filled as they are built.
     `floor`: a fully automatic search starts from, and never answers worse
     than, the fastest named schedule that fits (`solver.planning.floor`)."""
     remat = spec.remat(schedule)
-    programs = _Programs(spec, prepared)
+    programs = _Programs(spec, prepared, built)
     experts = None
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
@@ -147,7 +151,8 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
-        hints.setdefault(prepared.remat if prepared is not None else (), hint)
+        hints.setdefault(hint_remat if hint_remat is not None else prepared.remat if prepared is not None else (),
+                         hint)
     try:
         planned = _plan(spec, solver, options, overrides, progress, schedule, programs, remat, hints)
         if not remat and planned.search and _memory_binds(planned):
@@ -176,9 +181,11 @@ class _Programs:
     """The spec's programs by rematerialized layers, each built once, and
     their cost tables, one per hardware: shared by the floor and the search."""
 
-    def __init__(self, spec: Spec, prepared: Prepared | None) -> None:
+    def __init__(self, spec: Spec, prepared: Prepared | None, built: dict | None = None) -> None:
         self.spec = spec
-        self.built = {} if prepared is None else {prepared.remat: prepared}
+        self.built = {} if built is None else built
+        if prepared is not None:
+            self.built.setdefault(prepared.remat, prepared)
         self.tables: dict[tuple[str, ...], list] = {}  # remat -> [(hardware, CostTable)]
         self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> made
         self.prices: dict[tuple, PipelineCost] = {}  # (remat, plan, options) -> priced

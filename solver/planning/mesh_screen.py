@@ -1,0 +1,127 @@
+"""The mesh search's screen: every candidate mesh priced with plans it
+already has, so that only the most promising few are searched.
+
+A search per mesh costs seconds to minutes at scale, and a thousand devices
+factor into a hundred meshes. The screen prices each mesh with the plans it
+can have without a search, by the same cost model the search answers with
+(a pipeline folded to three stages where it is uniform, `ir.pipeline_fold`):
+
+  - the spec's named schedules whose axes the mesh has (the published
+    split names `data` and `model`, and applies to every mesh with those
+    axes whatever their sizes);
+  - the best plan searched so far on another mesh, its decisions on the
+    axes this mesh shares (`meshes._seed`, what CP-SAT is hinted with).
+
+With `microbatches: auto` a pipeline is screened with the most
+microbatches the plan's batch splits into (Megatron's one sequence per
+replica: the smallest bubble and activations), gradient accumulation with
+one microbatch and with that many. The screened price of a mesh is its
+fastest plan that fits; the meshes are then searched in that order, the
+fitting first (`meshes.plan_meshes`). A mesh is judged by plans it already
+has, so a mesh that only a searched plan makes fast can rank low: the
+count searched (`--search-meshes`) trades time for that risk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.evaluate import evaluate
+from ir.core import IRError
+from ir.lower import LowerOptions, lower
+from solver.plan import Plan
+from solver.planning.floor import manual_schedules
+from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
+from solver.planning.planner import Prepared
+from solver.planning.spec import Spec, SpecError
+from solver.planning.tactics import Pin, apply_schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """A mesh's fastest plan without a search (`source` says whose), or why none ran."""
+
+    step_time_s: float | None  # None: no plan of the screen could run on this mesh
+    peak_memory_bytes: int | None
+    fits: bool
+    source: str  # "schedule Megatron", "the plan of data=8 x model=8", or why none ran
+    plan: Plan | None = None
+    remat: tuple[str, ...] = ()
+    microbatches: int | None = None  # the K screened, for a pipeline or gradient accumulation
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Fitting plans first, then the faster."""
+        return (not self.fits, self.step_time_s if self.step_time_s is not None else math.inf)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
+                "source": self.source, "microbatches": self.microbatches}
+
+
+def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, seed: tuple[str, tuple, Plan] | None,
+                options: LowerOptions | None = None, schedules: bool = True) -> Screened:
+    """Price the mesh of `spec` (a concrete mesh) with its named schedules
+    (unless not `schedules`) and `seed` (a source, the remat of its program, a
+    plan of it on this mesh); `built[remat]` or `prepare(spec, remat)`: the
+    program (shared by every mesh)."""
+    plans: list[tuple[str, tuple[str, ...], Plan | None, str]] = []
+    for name in manual_schedules(spec) if schedules else ():
+        remat = spec.remat(name)
+        try:
+            program = built[remat] if remat in built else built.setdefault(remat, prepare(spec, remat))
+            pins = [Pin(program.model.pinned)] if program.model.pinned else []
+            plan = apply_schedule(search_nda(spec, program.model, program.nda), spec.sharding_mesh(),
+                                  pins + spec.tactics(name))
+        except (IRError, SpecError) as exc:
+            plans.append((f"schedule {name}", remat, None, str(exc)))
+            continue
+        plans.append((f"schedule {name}", remat, plan, ""))
+    if seed is not None:
+        plans.append((seed[0], seed[1], seed[2], ""))
+    best: Screened | None = None
+    failures = []
+    for source, remat, plan, error in plans:
+        if plan is None:
+            failures.append(f"{source}: {error}")
+            continue
+        try:
+            screened = _price(spec, built[remat], plan, source, remat, options)
+        except (IRError, SpecError) as exc:
+            failures.append(f"{source}: {exc}")
+            continue
+        if best is None or screened.rank < best.rank:
+            best = screened
+    if best is None:
+        return Screened(None, None, False, "; ".join(failures) or "no plan to screen with (no named schedule "
+                                                                  "applies to this mesh)")
+    return best
+
+
+def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[str, ...],
+           options: LowerOptions | None) -> Screened:
+    """The plan's step on the mesh: its pipeline (or accumulation) with the
+    screened counts of microbatches, or the lowered program."""
+    hardware = spec.hardware_obj()
+    if not spec.pipelined:
+        lowered = lower(program.model.function, program.nda, plan.materialize(program.nda), options or LowerOptions())
+        cost = evaluate(lowered.function, hardware)
+        return Screened(cost.step_time_s, cost.peak_memory_bytes, cost.fits, source, plan, remat)
+    if spec.microbatches_auto:
+        most = microbatch_counts(program.nda, program.model, plan)[-1]
+        counts = [most] if spec.stages > 1 else sorted({1, most})
+    else:
+        counts = [spec.microbatch_count]
+    best = None
+    for k in counts:
+        cost = pipelined_cost(spec, program.model, program.nda, plan, hardware, options, microbatches=k)
+        screened = Screened(cost.step_time_s, max(cost.peak_memory_bytes), cost.fits, source, plan, remat, k)
+        if best is None or screened.rank < best.rank:
+            best = screened
+    assert best is not None
+    return best
+
+
+__all__ = ["Screened", "screen_mesh"]

@@ -1,0 +1,121 @@
+"""The mesh search's screen (`solver.planning.mesh_screen`): with more
+candidate meshes than it searches, each mesh is priced with the plans it
+has (the named schedules whose axes it has, the best searched plan), by
+the same cost model, and the best are searched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import shardplan
+
+from solver.planning.mesh_screen import screen_mesh
+from solver.planning.meshes import candidate_meshes, mesh_spec, plan_meshes
+from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
+from solver.planning.planner import prepare
+from solver.planning.tactics import apply_schedule
+
+GPT = """
+model:
+  builder: transformer
+  args: {layers: 4, d_model: 64, heads: 4, head_dim: 16, mlp_hidden: 256, vocab: 512, seq: 32, batch: 16,
+         norm: layer, tied_embeddings: true}
+  step: train
+devices: 8
+mesh: {pipeline: auto, data: auto, model: auto}
+microbatches: auto
+hardware: {preset: A100-80GB, links: {pipeline: infiniband, data: infiniband}}
+schedules:
+  Megatron:
+    tactics:
+      - {manual: {axis: data, values: {batch.tokens: 0}}}
+      - manual: {axis: model, values: {"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}
+    expect: {all_reduce: 1}   # written for one mesh: a mesh search leaves it out
+  DP:
+    tactics:
+      - {manual: {axis: data, values: {batch.tokens: 0}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def screened(tmp_path_factory):
+    path = tmp_path_factory.mktemp("screen") / "gpt.yaml"
+    path.write_text(GPT)
+    return path, plan_meshes(path, "cpsat", searched=2)
+
+
+def test_mesh_spec_keeps_the_schedules_whose_axes_the_mesh_has():
+    data = yaml.safe_load(GPT)
+    both = mesh_spec(data, (("data", 4), ("model", 2)), "gpt.yaml")
+    assert list(both.schedules) == ["Megatron", "DP"] and all(s.expect is None for s in both.schedules.values())
+    assert list(mesh_spec(data, (("pipeline", 2), ("data", 4)), "gpt.yaml").schedules) == ["DP"]
+    assert mesh_spec(data, (("model", 8),), "gpt.yaml").schedules == {}
+
+
+def test_the_screen_prices_each_mesh_as_the_planner_would(screened):
+    path, search = screened
+    rows = {t.mesh: t for t in search.tried}
+    assert len(rows) > 2 and sum(t.searched for t in rows.values()) == 2
+    data = yaml.safe_load(GPT)
+    for mesh, t in rows.items():
+        assert t.screened is not None
+        if not t.screened.source.startswith("schedule "):
+            continue
+        # The screened price is the cost model's for that schedule's plan on that mesh, with the most
+        # microbatches its batch splits into (and one, for gradient accumulation).
+        spec = mesh_spec(data, mesh, str(path))
+        name = t.screened.source.removeprefix("schedule ")
+        program = prepare(spec)
+        plan = apply_schedule(search_nda(spec, program.model, program.nda), spec.sharding_mesh(), spec.tactics(name))
+        most = microbatch_counts(program.nda, program.model, plan)[-1]
+        assert t.screened.microbatches in ({most} if spec.stages > 1 else {1, most})
+        cost = pipelined_cost(spec, program.model, program.nda, plan, spec.hardware_obj(),
+                              microbatches=t.screened.microbatches)
+        assert t.screened.step_time_s == pytest.approx(cost.step_time_s, rel=1e-12)
+
+
+def test_the_best_screened_mesh_is_searched_first_and_the_answer_is_no_worse(screened):
+    path, search = screened
+    data = yaml.safe_load(GPT)
+    by_schedules = {}
+    built = {}
+    for mesh in candidate_meshes(data, str(path)):
+        if any(t.mesh == mesh for t in search.tried):
+            by_schedules[mesh] = screen_mesh(mesh_spec(data, mesh, str(path)), built, prepare, None)
+    first = min(by_schedules, key=lambda m: by_schedules[m].rank)
+    rows = {t.mesh: t for t in search.tried}
+    assert rows[first].searched and rows[first].planned is not None
+    fitting = [t.screened.step_time_s for t in search.tried if t.screened.fits]
+    assert search.best.assessment.cost.step_time_s <= min(fitting) * (1 + 1e-9)  # each search has its floor
+    for t in search.tried:
+        if not t.searched:
+            assert t.planned is None and t.message.endswith("not searched")
+
+
+def test_without_schedules_the_first_mesh_is_searched_and_its_plan_screens_the_rest(tmp_path):
+    path = tmp_path / "plain.yaml"
+    data = yaml.safe_load(GPT)
+    del data["schedules"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    search = plan_meshes(path, "cpsat", searched=2)
+    first = search.tried[0]  # searched before any screen, to have a plan to screen with
+    assert first.mesh == (("model", 8),) and first.planned is not None and first.screened is None
+    screens = [t.screened for t in search.tried[1:]]
+    assert all(s is not None for s in screens)
+    assert any(s.source == f"the plan of {first.shape}" and s.step_time_s is not None for s in screens)
+    assert sum(t.searched for t in search.tried) == 2
+
+
+def test_cli_mesh_search_shows_the_screen(capsys, screened):
+    path, _ = screened
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--json")
+    rows = json.loads(out)["mesh_search"]
+    assert sum(r["searched"] for r in rows) == 1
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--quiet")
+    assert code == 0, err
+    assert "each screened with the plans it has, the 1 best searched" in out and "not searched)" in out
+    assert all(r["screened"]["source"] for r in rows) and any(r["best"] for r in rows)
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "0")
+    assert code == 1 and "a mesh search searches at least one mesh; got 0" in err
