@@ -19,7 +19,13 @@ recomputed: `specs/megatron/*.yaml` (the 18.4B one is the bundled
 
 Each command runs in a process of its own (`resource.getrusage`).
 
-    python bench/megatron.py [--only 145.6] [--search] [--json] [--write-readme]
+  - with `--mesh-auto`, the same model and GPUs with `mesh: {pipeline:
+    auto, data: auto, model: auto}` and `microbatches: auto` (the published
+    split a named schedule: the screen's plan and each search's floor):
+    the split and K chosen, its step time, how many meshes were screened
+    and searched, wall time and peak RSS (a table of its own).
+
+    python bench/megatron.py [--only 145.6] [--search] [--mesh-auto] [--json] [--write-readme]
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
@@ -54,7 +63,22 @@ def step_flops(config: dict) -> float:
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + VOCAB / (16 * layers * h))
 
 
-def measure(config: dict, search: bool) -> dict:
+def auto_spec(config: dict, directory: Path) -> str:
+    """The configuration's spec with the mesh and the microbatches left to the
+    planner: pipeline x data x tensor over its GPUs, the links from the
+    preset's nodes, the published split a named schedule (its screen and floor)."""
+    spec, _ = spec_and_schedule(config)
+    data = yaml.safe_load((ROOT / spec).read_text())
+    hardware = data["hardware"]
+    data.update(mesh={"pipeline": "auto", "data": "auto", "model": "auto"}, microbatches="auto",
+                pipeline={"schedule": "1f1b"},
+                hardware={"preset": hardware["preset"] if isinstance(hardware, dict) else hardware})
+    path = directory / f"{Path(spec).stem}_auto.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def measure(config: dict, search: bool, mesh_auto: bool, directory: Path) -> dict:
     spec, schedule = spec_and_schedule(config)
     row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", schedule)}
     published = row["published"]
@@ -62,6 +86,8 @@ def measure(config: dict, search: bool) -> dict:
         published["tflops_per_gpu"] = step_flops(config) / published["step_time_s"] / config["gpus"] / 1e12
     if search:
         row["cpsat"] = run_command(spec, "--solver", "cpsat")
+    if mesh_auto:
+        row["auto"] = run_command(auto_spec(config, directory), "--solver", "cpsat")
     return row
 
 
@@ -96,10 +122,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_table(rows: list[dict]) -> str:
+    lines = ["| model | GPUs | published t x p x d, K | its step time | `mesh: auto`: model x pipeline x data axes, K | step time "
+             "| meshes screened, searched | wall, peak RSS |",
+             "|---|---:|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        c, p, a = r["config"], r["published"], r.get("auto")
+        head = (f"| {c['params_billion']:g}B | {c['gpus']:,} | {_split(c)}, {c['global_batch'] // c['data']} | "
+                f"{p['step_time_s']:.2f} s |" if "error" not in p else f"| {c['params_billion']:g}B | | | |")
+        if a is None:
+            continue
+        rss = f"{a['rss_gb']:.2f} GB" if a.get("rss_gb") else "n/a"
+        if "error" in a:
+            lines.append(f"{head} {a['error']} | | | {a['wall_s']:.0f} s, {rss} |")
+            continue
+        mesh = a["mesh"]
+        t, pp, d = (mesh.get(axis, 1) for axis in ("model", "pipeline", "data"))
+        split = f"{t} x {pp} x {d}, {a.get('microbatches', 1)}"
+        lines.append(f"{head} {split} | {a['step_time_s']:.2f} s | {a['meshes']}, {a['meshes_searched']} | "
+                     f"{a['wall_s']:.0f} s, {rss} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", metavar="BILLIONS", help="only this size, e.g. 145.6 (repeatable)")
     parser.add_argument("--search", action="store_true", help="also plan each configuration with --solver cpsat")
+    parser.add_argument("--mesh-auto", action="store_true",
+                        help="also plan each configuration with mesh and microbatches auto (its own table)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
@@ -107,11 +157,22 @@ def main() -> None:
     if args.only:
         configs = [c for c in configs if f"{c['params_billion']:g}" in args.only]
     rows = []
-    for config in configs:
-        rows.append(measure(config, args.search))
-        print(json.dumps(rows[-1]), file=sys.stderr)
+    with tempfile.TemporaryDirectory() as directory:
+        for config in configs:
+            rows.append(measure(config, args.search, args.mesh_auto, Path(directory)))
+            print(json.dumps(rows[-1]), file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
+        return
+    if args.mesh_auto:
+        text = (auto_table(rows) + "\n\nt x p x d, K: tensor x pipeline x data and microbatches; `mesh: auto`: "
+                "`mesh: {pipeline: auto, data: auto, model: auto}`, `microbatches: auto`, the links from the "
+                "preset's nodes, CP-SAT with the screen's default 4 meshes searched. "
+                f"Python {platform.python_version()} on {platform.machine()}, "
+                f"`python bench/megatron.py --mesh-auto{''.join(f' --only {o}' for o in args.only or [])}`.")
+        print(text)
+        if args.write_readme:
+            write_table("megatron-auto-table", text)
         return
     text = (table(rows) + "\n\nThe published split priced as written (the step time a pipeline's 1F1B schedule "
             "simulates; TFLOP/s: the paper's flop count over that time and the GPUs); CP-SAT on the same mesh "

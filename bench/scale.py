@@ -80,18 +80,24 @@ def run_point(layers: int) -> dict:
     return json.loads(out.stdout)
 
 
-def run_command(spec: str, *flags: str) -> dict:
+# The CLI in this process, its own peak RSS printed last on stderr (RUSAGE_CHILDREN would give the
+# largest child so far, not this one).
+_MEASURED = ("import resource, runpy, sys\nsys.argv = ['shardplan', *sys.argv[1:]]\ntry:\n"
+             "    runpy.run_module('solver.frontend.cli', run_name='__main__')\nfinally:\n"
+             "    print('peak-rss-kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+
+
+def run_command(spec: str, *flags: str, command: str = "plan") -> dict:
     """`shardplan plan SPEC FLAGS --json` as a user runs it: wall time, peak RSS, the answer."""
-    command = [sys.executable, "-m", "solver.frontend.cli", "plan", spec, *flags, "--json"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    out = subprocess.run([sys.executable, "-c", _MEASURED, command, spec, *flags, "--json"], capture_output=True,
+                         text=True, cwd=ROOT, check=False)
     wall = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    row = {"spec": spec, "flags": " ".join(flags), "wall_s": wall,
-           "rss_gb": rss * 1024 / 1e9 if rss > before else None}  # the largest child so far: ours if it grew
+    lines = out.stderr.strip().splitlines()
+    rss = int(lines.pop().split()[1]) if lines and lines[-1].startswith("peak-rss-kb ") else None
+    row = {"spec": spec, "flags": " ".join(flags), "wall_s": wall, "rss_gb": rss * 1024 / 1e9 if rss else None}
     if out.returncode:
-        row["error"] = (out.stderr.strip().splitlines() or ["failed"])[-1]
+        row["error"] = (lines or ["failed"])[-1]
         return row
     report = json.loads(out.stdout)
     search = report["search"][0] if report.get("search") else {}
@@ -100,6 +106,12 @@ def run_command(spec: str, *flags: str) -> dict:
                peak_gib=report["cost"]["peak_memory_bytes"] / 2**30, status=search.get("status"),
                remat=report.get("remat"), floor_kept=floor.get("kept", False),
                searched_step_s=floor.get("searched_step_time_s", report["cost"]["step_time_s"]))
+    if report.get("mesh_search"):  # a mesh search: the mesh it chose, of how many, how many searched
+        rows = report["mesh_search"]
+        row.update(mesh=next(r["mesh"] for r in rows if r["best"]), meshes=len(rows),
+                   meshes_searched=sum(r["searched"] for r in rows))
+    if report.get("pipeline"):
+        row["microbatches"] = report["pipeline"]["microbatches"]
     return row
 
 

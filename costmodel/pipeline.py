@@ -157,6 +157,7 @@ class PipelineCost:
     capacity_bytes: float
     collective_counts: Mapping[str, int]
     seconds_by_kind: Mapping[str, float]  # every task run of the step and the transfers, summed over the stages
+    microbatches: int = 1  # the K it was priced with
 
     @property
     def peak_memory_bytes(self) -> tuple[int, ...]:
@@ -240,7 +241,7 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
     memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
-                        hardware.capacity_bytes, counts, by_kind)
+                        hardware.capacity_bytes, counts, by_kind, pipeline.microbatches)
 
 
 def unnamed(fn: Function) -> tuple:

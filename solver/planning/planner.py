@@ -197,8 +197,10 @@ class _Programs:
         key = (remat, plan, options)
         if key not in self.pipelines:
             program = self(remat)
+            # With `microbatches: auto`, the K its pricing chose (choosing again prices every K again).
+            k = self.priced(remat, plan, options).microbatches if self.spec.microbatches_auto else None
             self.pipelines[key] = pipelined(self.spec, program.model, program.nda, plan, self.spec.hardware_obj(),
-                                            options)
+                                            options, microbatches=k)
         return self.pipelines[key]
 
     def priced(self, remat: tuple[str, ...], plan: Plan, options: LowerOptions | None) -> PipelineCost:
