@@ -290,7 +290,7 @@ class _Meshes:
 
     def _has_seed(self) -> bool:
         """Some searched mesh has a plan that fits (the screen's second source)."""
-        return _seed(list(self.tried.values()), self.built, Mesh(()))[0] is not None
+        return _source(list(self.tried.values()), self.built) is not None
 
     def _screen(self, screens: dict[tuple, tuple[Screened, float]], again: bool = False) -> None:
         """Screen the meshes not searched: with their named schedules and the
@@ -302,7 +302,8 @@ class _Meshes:
             start = time.perf_counter()
             self.progress.update(f"mesh screen: {mesh_shape(mesh)}", force=True)
             seed, seed_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
-            with_seed = (f"the plan of {_best(self.tried).shape}", seed_remat, seed) if seed is not None else None
+            source = _source(list(self.tried.values()), self.built)
+            with_seed = (f"the plan of {source.shape}", seed_remat, seed) if source is not None else None
             if again and with_seed is None:
                 continue
             screened = screen_mesh(spec, self.built, prepare, with_seed, self.options, schedules=not again)
@@ -319,26 +320,26 @@ def _links(spec: Spec, mesh: tuple) -> tuple[tuple[str, str], ...]:
     return tuple((a, hardware.links[a].kind) for a, _ in mesh)
 
 
-def _best(tried: dict[tuple, MeshTried]) -> MeshTried:
-    """The fastest searched mesh that fits so far."""
-    done = [t for t in tried.values() if t.planned is not None and t.planned.assessment.cost.fits]
-    return min(done, key=lambda t: t.step_time_s)
-
-
 def _seed(tried: list[MeshTried], built: dict[tuple[str, ...], Prepared],
           mesh: Mesh) -> tuple[Plan | None, tuple[str, ...] | None]:
     """CP-SAT's hint on the next mesh (XLA's hints across mesh shapes) and the
     rematerialized layers of its program: the fastest plan so far that fits,
     its decisions on the axes this mesh also has. The colors are those of the
     shared program's analysis (`built`), so they carry over."""
-    done = [t.planned for t in tried if t.planned is not None and t.planned.assessment.cost.fits
-            and t.planned.remat in built and t.planned.nda is built[t.planned.remat].nda]
-    if not done:
+    source = _source(tried, built)
+    if source is None:
         return None, None
-    best = min(done, key=lambda p: p.assessment.cost.step_time_s)
-    plan = best.plan
-    return Plan(mesh, tuple(d for d in plan.decisions if d.axis in mesh.names), plan.resolutions,
-                tuple((k, a) for k, a in plan.replicated if a in mesh.names)), best.remat
+    best = source.planned
+    return Plan(mesh, tuple(d for d in best.plan.decisions if d.axis in mesh.names), best.plan.resolutions,
+                tuple((k, a) for k, a in best.plan.replicated if a in mesh.names)), best.remat
+
+
+def _source(tried: list[MeshTried], built: dict[tuple[str, ...], Prepared]) -> MeshTried | None:
+    """The searched mesh whose plan seeds the others: the fastest that fits,
+    of a program the meshes share."""
+    done = [t for t in tried if t.planned is not None and t.planned.assessment.cost.fits
+            and t.planned.remat in built and t.planned.nda is built[t.planned.remat].nda]
+    return min(done, key=lambda t: t.step_time_s) if done else None
 
 
 def mesh_search_json(search: MeshSearch) -> list[dict[str, Any]]:
