@@ -32,7 +32,6 @@ consumer's).
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -121,21 +120,23 @@ def materialize(
         deselected |= nda.resolutions(cls)[resolutions.get(cls, 0)]
     blocked = set(replicated)
     axes: list[list[str]] = [[] for _ in nda.iclasses]
+    split = [1] * len(nda.iclasses)  # the devices each I-class is split over so far
     used: dict[tuple, set[str]] = {}
+    iclasses = nda.iclasses
 
     def take(k: int, axis: str, size: int) -> bool:
         """Shard I-class k along `axis` if the rules allow it."""
-        ic = nda.iclasses[k]
-        owner_axes = used.setdefault(ic.owner[:2], set())
-        if (
-            not ic.shardable
-            or k in deselected
-            or (k, axis) in blocked
-            or axis in owner_axes
-            or ic.size % (math.prod(mesh.size(a) for a in axes[k]) * size)
-        ):
+        ic = iclasses[k]
+        if not ic.shardable or k in deselected or (k, axis) in blocked or ic.size % (split[k] * size):
+            return False
+        owner = ic.owner[:2]
+        owner_axes = used.get(owner)
+        if owner_axes is None:
+            owner_axes = used[owner] = set()
+        elif axis in owner_axes:
             return False
         axes[k].append(axis)
+        split[k] *= size
         owner_axes.add(axis)
         return True
 

@@ -115,3 +115,26 @@ def test_lower_ops_needs_a_stand_in_for_what_it_leaves_out():
     fn = planned.model.function
     with pytest.raises(LoweringError, match="made by an op left out and has no stand-in"):
         lower_ops(fn, planned.nda, planned.sharding, [len(fn.ops) - 1], {})
+
+
+def test_auto_microbatches_price_only_counts_their_bound_leaves_in(monkeypatch):
+    # The count chosen is the exhaustive choice's; counts whose bound ((K + P - 1) / K times the least
+    # compute) exceeds the best step found are not priced.
+    import solver.planning.pipelining as pipelining
+
+    text = GPT.format(layers=8, stages=8, k=2, tied="true", devices=32).replace(
+        "pipeline: {microbatches: 2}", "microbatches: auto").replace(  # compute-bound shapes: the bound bites
+        "d_model: 64, heads: 4, head_dim: 16, mlp_hidden: 256, vocab: 512, seq: 32, batch: 16",
+        "d_model: 8192, heads: 64, head_dim: 128, mlp_hidden: 32768, vocab: 512, seq: 128, batch: 64, dtype: bf16")
+    spec = parse_spec(text, "gpt.yaml")
+    planned = plan_spec(spec, "none", schedule="BP+MP+R")
+    hardware, counts = spec.hardware_obj(), pipelining.microbatch_counts(planned.nda, planned.model, planned.plan)
+    costs = {k: pipelined_cost(spec, planned.model, planned.nda, planned.plan, hardware, microbatches=k)
+             for k in counts}
+    exhaustive = min(counts, key=lambda k: (not costs[k].fits, costs[k].step_time_s, k))
+    priced = []
+    real = pipelining.pipelined_cost
+    monkeypatch.setattr(pipelining, "pipelined_cost", lambda *a, microbatches, **kw:
+                        priced.append(microbatches) or real(*a, microbatches=microbatches, **kw))
+    assert pipelining.choose_microbatches(spec, planned.model, planned.nda, planned.plan, hardware) == exhaustive
+    assert set(priced) < set(counts) and exhaustive in priced

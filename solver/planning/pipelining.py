@@ -35,9 +35,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from costmodel.evaluate import Cost
+from costmodel.evaluate import COMMUNICATION, Cost
 from costmodel.hardware import Hardware
 from costmodel.pipeline import PipelineCost, pipeline_cost
+from ir import ops
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
@@ -115,15 +116,31 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
     """`microbatches: auto`: the count that gives the plan's fastest
     pipelined step that fits (the smaller count on a tie), else the
     smallest peak; the counts are those that split the batch
-    (`microbatch_counts`)."""
+    (`microbatch_counts`). Once a count fits, a count whose bound
+    (`_least_compute_s` x (K + P - 1) / K: no step of P stages and K
+    microbatches is faster) is no faster is not priced; the counts go from
+    the most, the smallest bubble, down."""
+    ideal = _least_compute_s(model, spec.mesh_obj().num_devices, hardware)
     best = None
-    for k in microbatch_counts(nda, model, plan):
+    for k in sorted(microbatch_counts(nda, model, plan), reverse=True):
+        if best is not None and not best[0][0] and ideal * (k + spec.stages - 1) / k > best[0][1]:
+            continue
         cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
         key = (not cost.fits, cost.step_time_s if cost.fits else max(cost.peak_memory_bytes))
-        if best is None or key < best[0]:
+        if best is None or key <= best[0]:
             best = (key, k)
     assert best is not None  # K = 1 always splits the batch
     return best[1]
+
+
+def _least_compute_s(model: Model, devices: int, hardware: Hardware) -> float:
+    """A lower bound of the compute any plan of `model` spends per device:
+    its flops spread evenly over the devices at the device's highest peak
+    (every kernel the cost model prices takes at least its flops over that).
+    A pipeline's step is at least (K + P - 1) / K times it: a device runs its
+    stage's K microbatches, and the schedule at least P - 1 more stage runs."""
+    flops = sum(ops.op_cost(op).flops for op in model.function.ops if op.kind not in COMMUNICATION)
+    return flops / devices / max(hardware.device.peak_flops.values())
 
 
 def pipelined_step_s(priced: Callable[[], PipelineCost]) -> float:
