@@ -60,31 +60,56 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
         return None
     fn = model.function
     sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
-    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
-    members = _stage_members(fn, stage_of, stages)
-    if not _inner_stages_equal(fn, nda, sharding, stage_of, members):
+    cut = _cut(model, nda, sharding, stages, (tuple(decisions), tuple(sorted((resolutions or {}).items())),
+                                             tuple(replicated)))
+    if cut is None:
         return None
-    substitute = _stand_ins(fn, stage_of, members)
-    if substitute is None:
-        return None
-    last = stages - 1
-    keep = sorted(members[0] + members[1] + members[last])
-    kept = {0, 1, last}
-    # What crosses to or from an inner stage must cross whole: the inner stage then stands for all.
-    # (Between the first and the last stage, a tied embedding's gradient crosses as a partial sum.)
-    whole = {v for i in keep for v in fn.ops[i].operands if v not in fn.params
-             and stage_of[v.name] != stage_of[fn.ops[i].results[0].name]
-             and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
+    stage_of, keep, substitute, whole = cut
     try:
         lowered = lower_ops(fn, nda, sharding, keep, substitute, whole, options)
     except LoweringError:  # a value crosses a stage boundary with a pending partial sum
         return None
+    last = stages - 1
+    kept = {0, 1, last}
     params = {p.name for p in fn.params}
     stand_in = {s: (0 if s == 0 else 2 if s == last else 1) for s in range(stages)}
     three = {name: stand_in[s] for name, s in stage_of.items() if s in kept or name in params}
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
     pipeline = lower_pipeline(lowered, three, forward, FOLDED_STAGES, schedule)
     return Folded(pipeline, tuple(stand_in[s] for s in range(stages)))
+
+
+_CUTS: dict[tuple, tuple] = {}  # the last few `_cut`s, by program identity and plan
+_CUTS_KEPT = 8
+
+
+def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tuple) -> tuple | None:
+    """Where the fold cuts the step (the stage of every value, the ops kept,
+    the stand-ins, what must cross whole), or None when it cannot. It reads
+    the sharding's axes, not their sizes, so it is the same for every count
+    of microbatches: `choose_microbatches` prices several with one cut."""
+    fn = model.function
+    key = (id(fn), id(nda), stages, plan)
+    if key in _CUTS and _CUTS[key][0] is fn and _CUTS[key][1] is nda:
+        return _CUTS[key][2]
+    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
+    members = _stage_members(fn, stage_of, stages)
+    substitute = _stand_ins(fn, stage_of, members) if _inner_stages_equal(fn, nda, sharding, stage_of,
+                                                                          members) else None
+    cut = None
+    if substitute is not None:
+        last = stages - 1
+        keep = sorted(members[0] + members[1] + members[last])
+        # What crosses to or from an inner stage must cross whole: the inner stage then stands for all.
+        # (Between the first and the last stage, a tied embedding's gradient crosses as a partial sum.)
+        whole = {v for i in keep for v in fn.ops[i].operands if v not in fn.params
+                 and stage_of[v.name] != stage_of[fn.ops[i].results[0].name]
+                 and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
+        cut = (stage_of, keep, substitute, whole)
+    if len(_CUTS) >= _CUTS_KEPT:
+        del _CUTS[next(iter(_CUTS))]
+    _CUTS[key] = (fn, nda, cut)
+    return cut
 
 
 def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> list[list[int]]:
