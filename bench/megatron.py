@@ -123,8 +123,8 @@ def table(rows: list[dict]) -> str:
 
 
 def auto_table(rows: list[dict]) -> str:
-    lines = ["| model | GPUs | published t x p x d, K | its step time | `mesh: auto`: model x pipeline x data axes, K | step time "
-             "| meshes screened, searched | wall, peak RSS |",
+    lines = ["| model | GPUs | published t x p x d, K | its step time | `mesh: auto`: model x pipeline x data axes, K "
+             "| step time | meshes screened, searched | wall, peak RSS |",
              "|---|---:|---|---:|---|---:|---:|---:|"]
     for r in rows:
         c, p, a = r["config"], r["published"], r.get("auto")

@@ -128,7 +128,7 @@ def test_text_report_prints_a_repeated_layer_decision_once(capsys):
 
 
 def test_whole_color_decisions_of_repeated_layers_group_by_pattern():
-    from solver.planning.planner import _grouped
+    from solver.planning.plan_text import _grouped
 
     decisions = [{"axis": "model", "color": c, "what": f"color #{c} (...)", "pattern": "layers.*.mlp.w_up[1]"}
                  for c in (7, 11, 15)] + [{"axis": "model", "color": 2, "what": "color #2 (%embed[0])",

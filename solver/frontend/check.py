@@ -20,7 +20,8 @@ from typing import Any
 from ir.core import IRError
 from ir.remat import layer_segments
 from solver.planning.expect import COLLECTIVE_KINDS, Expectation
-from solver.planning.planner import Planned, format_seconds, plan_spec, planned_counts, prepare
+from solver.planning.plan_text import format_seconds
+from solver.planning.planner import Planned, plan_spec, planned_counts, prepare
 from solver.planning.spec import load_spec
 
 

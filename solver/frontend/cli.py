@@ -144,7 +144,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from costmodel.simulate import chrome_trace
     from ir.lower import LowerOptions
     from solver.planning import meshes
-    from solver.planning.planner import SearchOverrides, format_plan, plan_report, simulate_planned
+    from solver.planning.plan_text import format_plan
+    from solver.planning.planner import SearchOverrides, plan_report, simulate_planned
     from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text
 
     if args.grid:
