@@ -119,3 +119,25 @@ def test_cli_mesh_search_shows_the_screen(capsys, screened):
     assert all(r["screened"]["source"] for r in rows) and any(r["best"] for r in rows)
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "0")
     assert code == 1 and "a mesh search searches at least one mesh; got 0" in err
+
+
+def test_a_plan_whose_weights_alone_exceed_the_memory_is_not_lowered(monkeypatch):
+    # 40 GB of f32 weights (a 100k x 100k matrix) on 2 x 2 devices of 80 GB, replicated by a schedule
+    # that shards only the batch: it cannot fit, and the screen says so without pricing it.
+    import solver.planning.mesh_screen as screen
+
+    text = """
+model: {builder: mlp, args: {batch: 64, d_in: 100000, hidden: 100000, d_out: 8}, step: train}
+devices: 4
+mesh: {batch: 2, model: 2}
+hardware: A100-80GB
+schedules:
+  DP: {tactics: [{manual: {axis: batch, values: {x: 0}}}]}
+"""
+    from solver.planning.spec import parse_spec
+
+    spec = parse_spec(text, "big.yaml")
+    monkeypatch.setattr(screen, "lower", lambda *a, **k: pytest.fail("lowered a plan that cannot fit"))
+    screened = screen.screen_mesh(spec, {}, prepare, None)
+    assert not screened.fits and screened.step_time_s is None and screened.peak_memory_bytes > 80e9
+    assert "weights and state alone exceed a device's memory" in screened.source

@@ -31,6 +31,7 @@ from typing import Any
 from costmodel.evaluate import evaluate
 from ir.core import IRError
 from ir.lower import LowerOptions, lower
+from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import manual_schedules
 from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
@@ -105,8 +106,19 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     """The plan's step on the mesh: its pipeline (or accumulation) with the
     screened counts of microbatches, or the lowered program."""
     hardware = spec.hardware_obj()
+    # Whatever the microbatches, a stage holds its weights and optimizer state: if the step's, split over
+    # the stages, exceed a device's memory, the plan does not fit, and lowering it would only say so.
+    sharding = plan.materialize(program.nda)
+    mesh = spec.sharding_mesh()
+    fn = program.model.function
+    read = {v for op in fn.ops for v in op.operands}
+    resident = sum(local_type(p.type, sharding.def_dims(program.nda, p), mesh).num_bytes
+                   for p in fn.params if p.name not in program.model.inputs and p in read)
+    if resident / spec.stages > hardware.capacity_bytes:
+        return Screened(None, resident // spec.stages, False, f"{source} (its weights and state alone exceed a "
+                        "device's memory)", plan, remat)
     if not spec.pipelined:
-        lowered = lower(program.model.function, program.nda, plan.materialize(program.nda), options or LowerOptions())
+        lowered = lower(program.model.function, program.nda, sharding, options or LowerOptions())
         cost = evaluate(lowered.function, hardware)
         return Screened(cost.step_time_s, cost.peak_memory_bytes, cost.fits, source, plan, remat)
     if spec.microbatches_auto:
