@@ -198,7 +198,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         raise SpecError(f"{filename}: a mesh search searches at least one mesh; got {searched}")
     candidates = candidate_meshes(data, filename)
     devices = math.prod(n for _, n in candidates[0])
-    run = _Meshes(filename, solver, options, overrides, progress, _distinct(data, candidates, filename))
+    run = _Meshes(filename, data, solver, options, overrides, progress, _distinct(data, candidates, filename))
     if len(run.meshes) <= searched:
         for mesh, spec in run.meshes:
             run.search(mesh, spec)
@@ -236,16 +236,20 @@ class _Meshes:
     """One mesh search's meshes, their programs (shared: they do not depend
     on the mesh) and what was tried on each."""
 
-    def __init__(self, filename: str, solver: str, options: LowerOptions | None,
+    def __init__(self, filename: str, data: dict[str, Any], solver: str, options: LowerOptions | None,
                  overrides: SearchOverrides | None, progress: Progress, meshes: list[tuple[tuple, Spec]]) -> None:
-        self.filename, self.solver, self.options, self.overrides = filename, solver, options, overrides
+        self.filename, self.data, self.solver, self.options, self.overrides = filename, data, solver, options, overrides
         self.progress, self.meshes = progress, meshes
         self.built: dict[tuple[str, ...], Prepared] = {}
         self.tried: dict[tuple, MeshTried] = {}
 
     def search(self, mesh: tuple, spec: Spec, screened: Screened | None = None) -> None:
-        """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's)."""
+        """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's).
+        A pipeline whose microbatches are `auto` is searched with its screen's count: the search sees
+        one microbatch's memory, not the whole batch's (whose plans a deep pipeline rarely fits)."""
         start = time.perf_counter()
+        if screened is not None and screened.microbatches and spec.microbatches_auto and spec.stages > 1:
+            spec = mesh_spec({**self.data, "microbatches": screened.microbatches}, mesh, self.filename)
         self.progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
         hint, hint_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
         if hint is None and screened is not None and screened.plan is not None and screened.fits:
