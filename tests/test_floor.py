@@ -88,3 +88,25 @@ def test_a_searched_plan_that_beats_the_floor_is_kept(capsys):
     code, out, _ = shardplan(capsys, "plan", spec, "--solver", "cpsat", "--json", "--quiet", "--no-floor")
     assert json.loads(out)["expert_floor"] is None
 
+
+
+def test_a_searched_plan_that_does_not_fit_never_beats_a_floor_that_does(monkeypatch):
+    # Make every searched plan look faster than the floor but too big: the floor is the answer.
+    import dataclasses
+
+    import solver.planning.planner as planner
+
+    real = planner._plan
+
+    def too_big(spec, solver, *args, **kwargs):
+        planned = real(spec, solver, *args, **kwargs)
+        if solver == "none":
+            return planned
+        cost = dataclasses.replace(planned.assessment.cost, step_time_s=planned.assessment.cost.step_time_s / 100,
+                                   peak_memory_bytes=int(planned.assessment.cost.capacity_bytes) + 1)
+        return dataclasses.replace(planned, assessment=dataclasses.replace(planned.assessment, cost=cost))
+
+    monkeypatch.setattr(planner, "_plan", too_big)
+    planned = plan_spec(load_spec(ROOT / "specs" / "deep_mlp_8192x16.yaml"), "cpsat")
+    assert planned.floor_kept and planned.assessment.cost.fits
+    assert planned.assessment.cost.step_time_s == pytest.approx(planned.floor.best.step_time_s, rel=1e-9)

@@ -171,7 +171,8 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     if experts is None or planned.floor_kept:
         return planned
     best, searched = experts.best, planned.assessment.cost.step_time_s
-    if best is not None and best.step_time_s < searched * (1 - 1e-9):
+    # The floor fits (`expert_floor` keeps only schedules that do): a faster plan that does not is no answer.
+    if best is not None and (best.step_time_s < searched * (1 - 1e-9) or not planned.assessment.cost.fits):
         kept = _plan(spec, "none", options, None, progress, best.schedule, programs, best.remat, {})
         return dataclasses.replace(kept, search=planned.search, remat_tried=planned.remat_tried,
                                    floor=experts, floor_kept=True, searched_step_s=searched)
