@@ -176,7 +176,9 @@ def main() -> None:
         return
     text = (table(rows) + "\n\nThe published split priced as written (the step time a pipeline's 1F1B schedule "
             "simulates; TFLOP/s: the paper's flop count over that time and the GPUs); CP-SAT on the same mesh "
-            f"with the published split as its floor. Python {platform.python_version()} on {platform.machine()}, "
+            "with the published split as its floor (searched plan: the search's own; where the answer is the "
+            "published split, that plan was slower or did not fit). "
+            f"Python {platform.python_version()} on {platform.machine()}, "
             f"`python bench/megatron.py{' --search' if args.search else ''}`.")
     print(text)
     if args.write_readme:
