@@ -15,11 +15,14 @@ axis whose devices lie in one node stays on NVLink, one that spans nodes
 pays InfiniBand) unless the spec names its link. Meshes that differ only in
 axis names, with the same sizes on the same links, are one problem to a
 search over every axis, and only the first is planned. Each candidate is planned
-by the search backend over all of its axes (a spec's schedules name axes of
-one mesh, so a mesh search has none), and the fastest plan that fits wins.
-CP-SAT on each mesh is hinted with the fastest plan of the meshes before
-(its decisions on the axes both meshes have), as XLA's auto-sharding
-carries hints across the mesh shapes it tries.
+by the search backend over all of its axes, with the spec's named schedules
+whose axes it has as its expert floor (`mesh_spec`), and the fastest plan
+that fits wins. CP-SAT on each mesh is hinted with the fastest plan of the
+meshes before (its decisions on the axes both meshes have), as XLA's
+auto-sharding carries hints across the mesh shapes it tries. With more
+candidates than the meshes to search (`SEARCHED`, `--search-meshes`), every
+mesh is screened first and the best are searched (`_Meshes.screen_and_search`,
+`solver.planning.mesh_screen`).
 """
 
 from __future__ import annotations
