@@ -71,14 +71,7 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
     """The spec's pipelined step under `plan` (which shards each stage), with
     `microbatches` (default: the spec's, or with `microbatches: auto` the
     best count for the plan, `choose_microbatches`), and its cost."""
-    if microbatches is None and spec.microbatches_auto:
-        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
-    try:
-        pipeline = pipeline_step(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
-                                 microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
-                                 resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options)
-    except PipelineError as exc:
-        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    pipeline, _ = _staged(pipeline_step, spec, model, nda, plan, hardware, options, microbatches)
     return with_schedule(pipeline, hardware, spec.pipeline_schedule)
 
 
@@ -88,17 +81,25 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     its inner stages are provably equal (`ir.pipeline_fold`: the same price
     without lowering every layer), else from the whole one. What the floor,
     the re-ranking and the choice of K price; the answer is made whole."""
-    if microbatches is None and spec.microbatches_auto:
-        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
-    try:
-        folded = fold_pipeline(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
-                               microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
-                               resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options)
-    except PipelineError as exc:
-        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    folded, microbatches = _staged(fold_pipeline, spec, model, nda, plan, hardware, options, microbatches)
     if folded is None:
         return pipelined(spec, model, nda, plan, hardware, options, microbatches)[1]
     return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map)[1]
+
+
+def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+            options: LowerOptions | None, microbatches: int | None) -> tuple[Any, int | None]:
+    """`make` (`pipeline_step` or `fold_pipeline`) on the spec's stages under
+    `plan` with `microbatches` (`pipelined`'s default), and the count; a
+    PipelineError as the spec's error."""
+    if microbatches is None and spec.microbatches_auto:
+        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
+    try:
+        return make(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
+                    microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
+                    resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options), microbatches
+    except PipelineError as exc:
+        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
 
 
 def microbatch_counts(nda: NDA, model: Model, plan: Plan) -> list[int]:
