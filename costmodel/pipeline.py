@@ -10,7 +10,11 @@ transfers have arrived; a backward likewise waits for the next stage's
 backward. A transfer costs one collective_permute over the pipeline axis
 (`costmodel.evaluate.collective_s`). With equal stages and free transfers
 the idle share of every device is GPipe's bubble, (P - 1) / (K + P - 1),
-for both schedules; 1F1B changes memory, not time.
+for both schedules; 1F1B changes memory, not time. The interleaved
+schedule runs v stages (chunks) on each of P devices, a device one task
+at a time in Megatron's order: its bubble is (P - 1) / (v K + P - 1), for
+v times the transfers (a transfer between two chunks of one device is
+none).
 
 Memory, per stage, on one device:
 
@@ -26,7 +30,9 @@ Memory, per stage, on one device:
                  inputs, the sums freed as it reads them
 
 and the stage's peak is resident + the larger of accumulated + in-flight x
-stash + transient (the microbatches) and update (the end of the step).
+stash + transient (the microbatches) and update (the end of the step). A
+device that runs several chunks holds their inputs and sums, the most
+stash its order holds at once, and the largest transient and update.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ from typing import Any
 from costmodel.evaluate import COMMUNICATION, Cost, collective_s, evaluate
 from costmodel.hardware import Hardware
 from ir.core import Function, TensorType
-from ir.pipeline import PHASES, PIPELINE, Pipeline, Transfer
-from ir.pipeline_run import stage_sequences
+from ir.pipeline import PHASES, PIPELINE, Pipeline, Task, Transfer
+from ir.pipeline_run import device_sequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +55,8 @@ class ScheduleTimes:
     """A simulated schedule: when it ends and how busy each stage was."""
 
     makespan_s: float
-    busy_s: tuple[float, ...]  # per stage: the time its tasks run
-    in_flight: tuple[int, ...]  # per stage: the most microbatches between forward and backward
+    busy_s: tuple[float, ...]  # per device: the time its tasks run
+    in_flight: tuple[int, ...]  # per device: the most stage microbatches between forward and backward
     runs: tuple[tuple[int, str, int, float, float], ...] = ()  # (stage, phase, microbatch, start s, end s)
 
     @property
@@ -63,51 +69,57 @@ class ScheduleTimes:
 
 def simulate_schedule(stages: int, microbatches: int, schedule: str, task_s: Mapping[tuple[int, str], float],
                       arrive_s: Mapping[tuple[int, str], float] | None = None,
-                      start_s: Mapping[int, float] | None = None) -> ScheduleTimes:
-    """Simulate the schedule. `task_s[(stage, phase)]` is one task's time (a
-    missing task takes none); `arrive_s[(stage, phase)]` the time the
-    transfers a forward or backward of that stage waits for take;
-    `start_s[stage]` when the stage can start (values sent to it once)."""
-    arrive_s = arrive_s or {}
-    seqs = stage_sequences(stages, microbatches, schedule)
+                      start_s: Mapping[int, float] | None = None, chunks: int = 1) -> ScheduleTimes:
+    """Simulate the schedule, each device running its stages' tasks in its
+    order (`ir.pipeline_run.device_sequences`; `chunks` stages a device).
+    `task_s[(stage, phase)]` is one task's time (a missing task takes none);
+    `arrive_s[(stage, phase)]` the time the transfers a forward or backward
+    of that stage waits for take; `start_s[stage]` when the stage can start
+    (values sent to it once)."""
+    arrive_s, start_s = arrive_s or {}, start_s or {}
+    seqs = device_sequences(stages, microbatches, schedule, chunks)
     finish: dict[tuple[int, str, int], float] = {}
     runs = []
-    free = [(start_s or {}).get(s, 0.0) for s in range(stages)]
-    at = [0] * stages
-    while any(at[s] < len(seqs[s]) for s in range(stages)):
+    free = [0.0] * len(seqs)
+    at = [0] * len(seqs)
+    while any(at[d] < len(seq) for d, seq in enumerate(seqs)):
         moved = False
-        for s in range(stages):
-            if at[s] == len(seqs[s]):
+        for d, seq in enumerate(seqs):
+            if at[d] == len(seq):
                 continue
-            phase, k = seqs[s][at[s]]
+            s, phase, k = seq[at[d]]
             before = _dependency(stages, s, phase, k)
             if before is not None and before not in finish:
                 continue
             ready = finish[before] + arrive_s.get((s, phase), 0.0) if before is not None else 0.0
-            start = max(free[s], ready)
-            free[s] = finish[(s, phase, k)] = start + task_s.get((s, phase), 0.0)
-            runs.append((s, phase, k, start, free[s]))
-            at[s] += 1
+            start = max(free[d], ready, start_s.get(s, 0.0))
+            free[d] = finish[(s, phase, k)] = start + task_s.get((s, phase), 0.0)
+            runs.append((s, phase, k, start, free[d]))
+            at[d] += 1
             moved = True
         if not moved:
             raise AssertionError(f"the {schedule} schedule deadlocks")
-    busy = tuple(sum(task_s.get((s, phase), 0.0) for phase, _ in seqs[s]) for s in range(stages))
+    busy = tuple(sum(task_s.get((s, phase), 0.0) for s, phase, _ in seq) for seq in seqs)
     return ScheduleTimes(max(free), busy, tuple(_in_flight(seq) for seq in seqs), tuple(runs))
 
 
 def schedule_trace(times: ScheduleTimes) -> dict[str, Any]:
     """The simulated schedule as a Chrome trace (docs/trace.md): one track
-    per stage, one slice per task run, times in microseconds."""
-    stages = len(times.busy_s)
+    per device along the pipeline axis (a stage, unless the schedule is
+    interleaved), one slice per task run, times in microseconds."""
+    devices = len(times.busy_s)
+    interleaved = any(s >= devices for s, *_ in times.runs)
+    track = "device" if interleaved else "stage"
     events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 1,
-                                     "args": {"name": "pipeline stages"}}]
-    for s in range(stages):
-        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": s + 1, "args": {"name": f"stage {s}"}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": s + 1, "args": {"sort_index": s}})
+                                     "args": {"name": f"pipeline {track}s"}}]
+    for d in range(devices):
+        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": d + 1, "args": {"name": f"{track} {d}"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": d + 1, "args": {"sort_index": d}})
     for s, phase, k, start, end in times.runs:
         if end > start:
             name = f"{phase} {k}" if phase in ("forward", "backward") else phase
-            events.append({"ph": "X", "name": name, "cat": phase, "pid": 1, "tid": s + 1,
+            name += f" (stage {s})" if interleaved else ""
+            events.append({"ph": "X", "name": name, "cat": phase, "pid": 1, "tid": s % devices + 1,
                            "ts": round(start * 1e9) / 1e3, "dur": (round(end * 1e9) - round(start * 1e9)) / 1e3})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
@@ -120,9 +132,9 @@ def _dependency(stages: int, s: int, phase: str, k: int) -> tuple[int, str, int]
     return None
 
 
-def _in_flight(seq: list[tuple[str, int]]) -> int:
+def _in_flight(seq: list[tuple[int, str, int]]) -> int:
     held = most = 0
-    for phase, _ in seq:
+    for _, phase, _ in seq:
         held += {"forward": 1, "backward": -1}.get(phase, 0)
         most = max(most, held)
     return most
@@ -138,10 +150,16 @@ class StageMemory:
     in_flight: int
     transient_bytes: int  # the largest forward or backward beyond the above
     update_bytes: int  # the post (the update) beyond the inputs, the sums freed as it reads them
+    held_bytes: int | None = None  # the most stash held at once, where stashes differ (a device's chunks)
+
+    @property
+    def held(self) -> int:
+        """The most stash held at once: in-flight x stash, or a device's own count."""
+        return self.in_flight * self.stash_bytes if self.held_bytes is None else self.held_bytes
 
     @property
     def peak_bytes(self) -> int:
-        microbatches = self.accumulated_bytes + self.in_flight * self.stash_bytes + self.transient_bytes
+        microbatches = self.accumulated_bytes + self.held + self.transient_bytes
         return self.resident_bytes + max(microbatches, self.update_bytes)
 
 
@@ -152,7 +170,7 @@ class PipelineCost:
     tasks: Mapping[tuple[int, str], Cost]  # each task's cost on one device, by (stage, phase)
     task_s: Mapping[tuple[int, str], float]  # each task's time in the schedule, with the transfers it waits for
     transfer_s: float  # all transfers of one step, summed
-    memory: tuple[StageMemory, ...]  # per stage
+    memory: tuple[StageMemory, ...]  # per device along the pipeline axis (per stage, unless interleaved)
     schedule: ScheduleTimes
     capacity_bytes: float
     collective_counts: Mapping[str, int]
@@ -161,7 +179,7 @@ class PipelineCost:
 
     @property
     def peak_memory_bytes(self) -> tuple[int, ...]:
-        """Per stage, on one device."""
+        """Per device along the pipeline axis (a stage's, unless interleaved), on one device."""
         return tuple(m.peak_bytes for m in self.memory)
 
     @property
@@ -201,6 +219,8 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     `stage_map`: the stage of `pipeline` each stage of the step runs as (a
     uniform pipeline folded to three stages, `ir.pipeline_fold`); None: the
     pipeline's own stages. A stage receives what its stand-in receives."""
+    if stage_map is not None and pipeline.chunks != 1:
+        raise ValueError("an interleaved pipeline is priced whole: its devices' memory sums their own chunks")
     stage_map = tuple(range(pipeline.stages)) if stage_map is None else stage_map
     copies = Counter(stage_map)  # how many stages of the step each stage of `pipeline` stands for
     priced: dict[tuple, Cost] = {}  # a uniform model's inner stages run the same tasks under other names
@@ -215,6 +235,8 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     start: dict[int, float] = {}
     total_transfer = 0.0
     for t in pipeline.transfers:
+        if pipeline.same_device(t):  # between two chunks of one device: it stays
+            continue
         seconds = transfer_time_s(pipeline, hardware, t.type)
         total_transfer += seconds * (pipeline.microbatches if t.per_microbatch else 1) * copies[t.dst]
         # A forward or backward waits for its microbatch's values. A value sent
@@ -233,13 +255,16 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     times = simulate_schedule(len(stage_map), pipeline.microbatches, pipeline.schedule, task_s,
                               {(s, phase): arrive[(stage_map[s], phase)] for s in stages for phase in PHASES
                                if (stage_map[s], phase) in arrive},
-                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start})
+                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start}, pipeline.chunks)
     by_kind = task_work(costs, pipeline.microbatches)[3]
     by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
     counted = pipeline.collective_counts(copies)
     counts = {k: counted.get(k, 0) for k in COMMUNICATION}
     own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
-    memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
+    if pipeline.chunks == 1:
+        memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
+    else:
+        memory = _device_memory(pipeline, [own_memory[stage_map[s]] for s in stages], times.in_flight)
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
                         hardware.capacity_bytes, counts, by_kind, pipeline.microbatches)
 
@@ -266,8 +291,7 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
     """The stage's memory terms (module docstring)."""
     tasks = [t for t in pipeline.tasks if t.stage == stage]
     inputs = {p.name for p in pipeline.local.function.params}
-    resident = {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
-                for t in tasks for p in t.function.params if p.name in inputs}
+    resident = _resident(pipeline, tasks)
     totals = dict(pipeline.sums)
     accumulated = {totals[r.name]: r.type.num_bytes for t in tasks for r in t.function.results if r.name in totals}
     forward = next((t for t in tasks if t.phase == "forward"), None)
@@ -283,6 +307,36 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
     update = max((live_peak_bytes(t.function, set(resident)) for t in tasks if not t.per_microbatch), default=0)
     return StageMemory(sum(resident.values()), sum(accumulated.values()), sum(stash.values()), in_flight,
                        transient, update)
+
+
+def _resident(pipeline: Pipeline, tasks: list[Task]) -> dict[str, int]:
+    """The step inputs `tasks` read, with their bytes on one device (a batch input: every microbatch's)."""
+    inputs = {p.name for p in pipeline.local.function.params}
+    return {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
+            for t in tasks for p in t.function.params if p.name in inputs}
+
+
+def _device_memory(pipeline: Pipeline, stage_memory: list[StageMemory],
+                   in_flight: tuple[int, ...]) -> tuple[StageMemory, ...]:
+    """Per device, the memory of the stages it runs (interleaved chunks):
+    their inputs (once), sums and the most stash its schedule holds at once (each
+    stage microbatch in flight holding its own stage's); the largest
+    transient; an update beside the other stages' sums (an upper bound:
+    the posts run one after another and free the sums they read)."""
+    out = []
+    seqs = device_sequences(pipeline.stages, pipeline.microbatches, pipeline.schedule, pipeline.chunks)
+    for d, seq in enumerate(seqs):
+        own = [stage_memory[s] for s in range(d, pipeline.stages, pipeline.devices)]
+        held = most = 0
+        for s, phase, _ in seq:
+            held += {"forward": 1, "backward": -1}.get(phase, 0) * stage_memory[s].stash_bytes
+            most = max(most, held)
+        accumulated = sum(m.accumulated_bytes for m in own)
+        resident = _resident(pipeline, [t for t in pipeline.tasks if pipeline.device(t.stage) == d])
+        out.append(StageMemory(sum(resident.values()), accumulated, max(m.stash_bytes for m in own),
+                               in_flight[d], max(m.transient_bytes for m in own),
+                               max(m.update_bytes + accumulated - m.accumulated_bytes for m in own), most))
+    return tuple(out)
 
 
 def live_peak_bytes(fn: Function, held: set[str]) -> int:

@@ -59,7 +59,7 @@ from ir.text import print_function
 MICRO = "micro"
 PIPELINE = "pipeline"
 PHASES = ("forward", "backward", "post")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 class PipelineError(IRError):
@@ -105,11 +105,25 @@ class Pipeline:
     varying: frozenset[str]  # values that differ between microbatches
     results: tuple[str, ...]  # the step's results: `local`'s, a value summed over `micro` alone by its sum
     stage_layers: tuple[tuple[int, ...], ...] = ()  # the layers of each stage
+    chunks: int = 1  # stages per device: the interleaved schedule's model chunks (`ir.pipeline_run`)
+
+    @property
+    def devices(self) -> int:
+        """The devices along the pipeline axis (its size): a device runs `chunks` stages."""
+        return self.stages // self.chunks
+
+    def device(self, stage: int) -> int:
+        """The pipeline-axis position that runs `stage`: stages d, d + D, ... run on device d."""
+        return stage % self.devices
+
+    def same_device(self, t: Transfer) -> bool:
+        """A transfer between two stages of one device: no collective, the value stays."""
+        return self.device(t.src) == self.device(t.dst)
 
     @property
     def mesh(self) -> Mesh:
         """The whole pipelined mesh: the pipeline axis, then the stages' own."""
-        return Mesh(((PIPELINE, self.stages),) + self.sub_mesh.axes)
+        return Mesh(((PIPELINE, self.devices),) + self.sub_mesh.axes)
 
     def task(self, stage: int, phase: str) -> Task | None:
         return next((t for t in self.tasks if t.stage == stage and t.phase == phase), None)
@@ -126,16 +140,20 @@ class Pipeline:
             for op in task.function.ops:
                 if ops.get(op.kind).is_collective:
                     counts[op.kind] = counts.get(op.kind, 0) + runs
-        permutes = sum((self.microbatches if t.per_microbatch else 1) * copies.get(t.dst, 1) for t in self.transfers)
+        permutes = sum((self.microbatches if t.per_microbatch else 1) * copies.get(t.dst, 1) for t in self.transfers
+                       if not self.same_device(t))
         if permutes:
             counts["collective_permute"] = permutes
         return counts
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """GPipe's idle share of each device with equal stages and free transfers:
-    (P - 1) / (K + P - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """GPipe's idle share of each device with equal stages and free transfers,
+    (P - 1) / (K + P - 1) on P devices; the interleaved schedule's with v
+    chunks per device, (P - 1) / (v K + P - 1) (the fill and drain pass
+    stages a v-th as long)."""
+    devices = stages // chunks
+    return (devices - 1) / (chunks * microbatches + devices - 1)
 
 
 # ------------------------------------------------------------ microbatches
@@ -182,16 +200,18 @@ def microbatch_nda(nda: NDA, inputs: Sequence[str], microbatches: int) -> NDA:
 
 def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
-                  replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None) -> Pipeline:
+                  replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
+                  chunks: int = 1) -> Pipeline:
     """The pipelined step of a training step `model` (its NDA `nda`): each
     stage on `mesh`, sharded by `decisions` (with `resolutions` and
     `replicated`, as `ir.sharding.materialize` takes them), the batch split
-    into `microbatches`."""
+    into `microbatches`; `stages` / `chunks` devices along the pipeline
+    axis, each running `chunks` stages (the interleaved schedule)."""
     fn = model.function
     sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
-    pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule)
+    pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule, chunks)
     by_layer = layer_stages(layer_segments(fn, model.forward_ops), stages)
     return dataclasses.replace(pipeline, stage_layers=tuple(
         tuple(layer for layer, s in by_layer.items() if s == stage) for stage in range(stages)))
@@ -276,13 +296,12 @@ def value_stages(fn: Function, forward_ops: int, origins: Mapping[str, str], sta
 
 
 def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values: set[str], stages: int,
-                   schedule: str = "gpipe") -> Pipeline:
+                   schedule: str = "gpipe", chunks: int = 1) -> Pipeline:
     """Cut one microbatch's device-local step (`lowered`, on `microbatch_mesh`)
     into the stages' tasks and transfers (module docstring). `stage_of`
     gives every global value's stage (`value_stages`), `forward_values` the
-    names the forward defines."""
-    if schedule not in SCHEDULES:
-        raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
+    names the forward defines; `chunks`: stages per device."""
+    check_schedule(schedule, stages, chunks)
     mesh = lowered.function.mesh
     if not mesh.names or mesh.names[0] != MICRO:
         raise PipelineError(f"the step must be lowered on a mesh whose first axis is {MICRO!r}")
@@ -308,7 +327,8 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
                 tasks.append(Task(s, phase, _function(f"stage{s}.{phase}", members, read_at, (s, phase), wanted,
                                                       sub_mesh)))
     pipeline = Pipeline(stages, mesh.size(MICRO), schedule, sub_mesh, lowered, tuple(tasks), (),
-                        tuple((t.name, total) for t, total in sums), frozenset(varying), tuple(r.name for r in results))
+                        tuple((t.name, total) for t, total in sums), frozenset(varying), tuple(r.name for r in results),
+                        chunks=chunks)
     return dataclasses.replace(pipeline, transfers=_transfers(pipeline))
 
 
@@ -522,19 +542,34 @@ def _transfers(pipeline: Pipeline) -> tuple[Transfer, ...]:
 # ------------------------------------------------------------------- text
 
 
-def transfer_function(transfers: Sequence[Transfer], mesh: Mesh) -> Function:
-    """The transfers as one device-local program on the whole pipelined mesh:
-    per transfer, `%<value>.to<stage>` = a collective_permute of the value
-    over the pipeline axis by the stages between (each device sends what its
-    stage holds; only the receiving stage keeps what arrives)."""
-    b = Builder("transfers", mesh)
+def check_schedule(schedule: str, stages: int, chunks: int) -> None:
+    """A PipelineError unless `schedule` can run `stages` stages, `chunks` per device."""
+    if schedule not in SCHEDULES:
+        raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose {', '.join(SCHEDULES)}")
+    if schedule != "interleaved" and chunks != 1:
+        raise PipelineError(f"the {schedule} schedule runs one stage per device, not {chunks}; the interleaved "
+                            "schedule runs several")
+    if schedule == "interleaved" and (chunks < 2 or stages % chunks or stages // chunks < 2):
+        raise PipelineError(f"the interleaved schedule runs at least 2 chunks on each of at least 2 devices; "
+                            f"{stages} stages as {chunks} chunks per device do not")
+
+
+def transfer_function(transfers: Sequence[Transfer], pipeline: Pipeline) -> Function:
+    """The transfers between devices as one device-local program on the whole
+    pipelined mesh: per transfer, `%<value>.to<stage>` = a collective_permute
+    of the value over the pipeline axis by the devices between (each device
+    sends what its stage holds; only the receiving device keeps what
+    arrives). A transfer between two stages of one device is no collective."""
+    b = Builder("transfers", pipeline.mesh)
     params: dict[str, Value] = {}
     outs = []
     for t in transfers:
+        if pipeline.same_device(t):
+            continue
         if t.value not in params:
             params[t.value] = b.param(t.value, t.type.shape, t.type.dtype)
         outs.append(b.op("collective_permute", [params[t.value]], f"{t.value}.to{t.dst}", axes=(PIPELINE,),
-                         shift=t.dst - t.src))
+                         shift=pipeline.device(t.dst) - pipeline.device(t.src)))
     return b.build(outs)
 
 
@@ -543,8 +578,10 @@ def pipeline_text(pipeline: Pipeline) -> str:
     devices, then the transfers between stages as one program of
     collective_permutes over the pipeline axis."""
     mesh = " x ".join(f"{a}={n}" for a, n in pipeline.mesh.axes)
-    lines = [f"// pipeline: {pipeline.stages} stages x {pipeline.microbatches} microbatches, {pipeline.schedule}, "
-             f"on mesh {mesh}",
+    chunks = f" ({pipeline.chunks} per device: stage s on device s mod {pipeline.devices})" \
+        if pipeline.chunks > 1 else ""
+    lines = [f"// pipeline: {pipeline.stages} stages{chunks} x {pipeline.microbatches} microbatches, "
+             f"{pipeline.schedule}, on mesh {mesh}",
              "// forward and backward run once per microbatch, post once per step; a `.sum` parameter is "
              "the sum of its value over the microbatches"]
     for task in pipeline.tasks:
@@ -554,6 +591,8 @@ def pipeline_text(pipeline: Pipeline) -> str:
     if pipeline.transfers:
         lines += ["", f"// the transfers between stages over {PIPELINE}:"]
         lines += [f"//   %{t.value}: stage {t.src}'s {t.phase} -> stage {t.dst}, "
-                  + ("per microbatch" if t.per_microbatch else "once") for t in pipeline.transfers]
-        lines.append(print_function(transfer_function(pipeline.transfers, pipeline.mesh)).rstrip("\n"))
+                  + ("per microbatch" if t.per_microbatch else "once")
+                  + (", on one device" if pipeline.same_device(t) else "") for t in pipeline.transfers]
+        if not all(pipeline.same_device(t) for t in pipeline.transfers):
+            lines.append(print_function(transfer_function(pipeline.transfers, pipeline)).rstrip("\n"))
     return "\n".join(lines) + "\n"

@@ -52,11 +52,13 @@ class Folded:
 
 def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
-                  replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None) -> Folded | None:
+                  replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
+                  chunks: int = 1) -> Folded | None:
     """`ir.pipeline.pipeline_step`'s step folded to three stages (module
-    docstring), or None when its inner stages are not provably equal or it
-    has fewer than four stages (nothing to fold)."""
-    if stages <= FOLDED_STAGES:
+    docstring), or None when its inner stages are not provably equal, it
+    has fewer than four stages (nothing to fold) or runs several per device
+    (interleaved: priced whole; its devices' memory sums their chunks)."""
+    if stages <= FOLDED_STAGES or chunks != 1:
         return None
     fn = model.function
     sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)

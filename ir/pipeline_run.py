@@ -1,8 +1,16 @@
-"""Running a pipelined step (`ir.pipeline.Pipeline`): its schedules, GPipe
-and 1F1B, as each stage's sequence of tasks, and the executor that runs
-every stage's tasks on the simulated mesh in a schedule's order, the
-transfers through the registered `collective_permute`'s semantics and the
-sums over microbatches as they are made."""
+"""Running a pipelined step (`ir.pipeline.Pipeline`): its schedules, GPipe,
+1F1B and Megatron's interleaved 1F1B, as each device's sequence of tasks,
+and the executor that runs every stage's tasks on the simulated mesh in a
+schedule's order, the transfers through the registered
+`collective_permute`'s semantics and the sums over microbatches as they
+are made.
+
+A stage is a run of consecutive layers. Under GPipe and 1F1B each device
+(a position on the pipeline axis) runs one stage; under the interleaved
+schedule it runs `chunks` of them, stages d, d + D, d + 2D, ... of the
+D x chunks (Megatron's model chunks, or virtual stages), so a microbatch
+passes every device `chunks` times and the fill and drain take a
+`chunks`-th as long."""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ir.interpret import InterpretError, run_spmd, shard, unshard
-from ir.pipeline import SCHEDULES, Pipeline, PipelineError, Task, Transfer, transfer_function
+from ir.pipeline import Pipeline, PipelineError, Task, Transfer, check_schedule, transfer_function
 
 # --------------------------------------------------------------- schedules
 
@@ -36,8 +44,54 @@ def stage_sequences(stages: int, microbatches: int, schedule: str) -> list[list[
                 seq += [fwd[ahead + k], bwd[k]]
             seq += bwd[microbatches - ahead:]
         else:
-            raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
+            check_schedule(schedule, stages, 1)  # unknown, or interleaved: one stage per device is not it
+            raise PipelineError(f"the {schedule} schedule runs several stages per device: `device_sequences`")
         out.append(seq + [("post", 0)])
+    return out
+
+
+def device_sequences(stages: int, microbatches: int, schedule: str,
+                     chunks: int = 1) -> list[list[tuple[int, str, int]]]:
+    """Each device's (stage, phase, microbatch) tasks in the order it runs
+    them, its stages' posts last: `stage_sequences` with one stage a device,
+    or the interleaved schedule's over `stages` / `chunks` devices."""
+    check_schedule(schedule, stages, chunks)
+    if schedule == "interleaved":
+        return _interleaved(stages // chunks, chunks, microbatches)
+    return [[(s, phase, k) for phase, k in seq] for s, seq in enumerate(stage_sequences(stages, microbatches,
+                                                                                       schedule))]
+
+
+def _interleaved(devices: int, chunks: int, microbatches: int) -> list[list[tuple[int, str, int]]]:
+    """Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021, section
+    2.2.2; `forward_backward_pipelining_with_interleaving`). Device d holds
+    chunks c = 0 .. v - 1, stage c x D + d. The K x v forwards go in rounds
+    of D microbatches per chunk: forward i runs chunk (i mod D v) // D on
+    microbatch (i // D v) x D + i mod D; backward i the same microbatch on
+    the chunks in reverse. Device d runs (D - d - 1) x 2 + (v - 1) x D
+    forwards ahead (every one when K = D), then alternates a forward and a
+    backward, then drains its backwards."""
+    if microbatches % devices:
+        raise PipelineError(f"the interleaved schedule runs the microbatches in rounds of the {devices} pipeline "
+                            f"devices; {microbatches} microbatches is not a multiple of {devices}")
+    total = microbatches * chunks
+    round_ = devices * chunks
+
+    def task(d: int, i: int, phase: str) -> tuple[int, str, int]:
+        chunk = (i % round_) // devices
+        chunk = chunk if phase == "forward" else chunks - 1 - chunk
+        return chunk * devices + d, phase, (i // round_) * devices + i % devices
+
+    out = []
+    for d in range(devices):
+        ahead = total if microbatches == devices else min((devices - d - 1) * 2 + (chunks - 1) * devices, total)
+        fwd = [task(d, i, "forward") for i in range(total)]
+        bwd = [task(d, i, "backward") for i in range(total)]
+        seq = fwd[:ahead]
+        for j in range(total - ahead):
+            seq += [fwd[ahead + j], bwd[j]]
+        seq += bwd[total - ahead:]
+        out.append(seq + [(c * devices + d, "post", 0) for c in range(chunks)])
     return out
 
 
@@ -54,18 +108,18 @@ def _ready(stage: int, phase: str, k: int, done: set, stages: int, microbatches:
     return True
 
 
-def run_order(stages: int, microbatches: int, schedule: str) -> list[tuple[int, str, int]]:
+def run_order(stages: int, microbatches: int, schedule: str, chunks: int = 1) -> list[tuple[int, str, int]]:
     """One order of every (stage, phase, microbatch) task that keeps each
-    stage's sequence and the dependencies between stages (in rounds: each
-    stage runs its next task if it is ready)."""
-    seqs = stage_sequences(stages, microbatches, schedule)
-    at, done, order = [0] * stages, set(), []
-    while any(at[s] < len(seqs[s]) for s in range(stages)):
+    device's sequence and the dependencies between stages (in rounds: each
+    device runs its next task if it is ready)."""
+    seqs = device_sequences(stages, microbatches, schedule, chunks)
+    at, done, order = [0] * len(seqs), set(), []
+    while any(at[d] < len(seq) for d, seq in enumerate(seqs)):
         progressed = []
-        for s in range(stages):
-            if at[s] < len(seqs[s]) and _ready(s, *seqs[s][at[s]], done, stages, microbatches):
-                progressed.append((s, *seqs[s][at[s]]))
-                at[s] += 1
+        for d, seq in enumerate(seqs):
+            if at[d] < len(seq) and _ready(*seq[at[d]], done, stages, microbatches):
+                progressed.append(seq[at[d]])
+                at[d] += 1
         if not progressed:
             raise PipelineError(f"the {schedule} schedule deadlocks")  # a wrong sequence, never a user error
         done.update(progressed)
@@ -81,7 +135,7 @@ def run_pipeline(pipeline: Pipeline, inputs: Mapping[str, np.ndarray], *, float_
     stage's devices, in schedule order, transfers through collective_permute,
     sums over the microbatches; returns the step's global results."""
     run = _Execution(pipeline, inputs, float_dtype)
-    for stage, phase, k in run_order(pipeline.stages, pipeline.microbatches, pipeline.schedule):
+    for stage, phase, k in run_order(pipeline.stages, pipeline.microbatches, pipeline.schedule, pipeline.chunks):
         task = pipeline.task(stage, phase)
         if task is not None:
             run.task(task, k)
@@ -145,11 +199,15 @@ class _Execution:
 def _transfer(pipeline: Pipeline, t: Transfer, env: list[dict], key: tuple[str, int | None], float_dtype) -> None:
     """Move a value from stage t.src to t.dst: run its transfer program (a
     collective_permute over the pipeline axis) on the whole mesh, the other
-    stages sending zeros that nobody keeps."""
+    devices sending zeros that nobody keeps; between two stages of one
+    device (interleaved chunks) the value stays where it is."""
     if key not in env[t.src]:
         raise InterpretError(f"stage {t.dst} reads %{t.value} before stage {t.src} has made it")
-    n = pipeline.sub_mesh.num_devices
     sent = env[t.src][key]
-    per_device = [sent[d % n] if d // n == t.src else np.zeros_like(sent[d % n]) for d in range(pipeline.stages * n)]
-    (received,) = run_spmd(transfer_function([t], pipeline.mesh), [per_device], float_dtype=float_dtype)
-    env[t.dst][key] = received[t.dst * n:(t.dst + 1) * n]
+    if pipeline.same_device(t):
+        env[t.dst][key] = sent
+        return
+    n, src, dst = pipeline.sub_mesh.num_devices, pipeline.device(t.src), pipeline.device(t.dst)
+    per_device = [sent[d % n] if d // n == src else np.zeros_like(sent[d % n]) for d in range(pipeline.devices * n)]
+    (received,) = run_spmd(transfer_function([t], pipeline), [per_device], float_dtype=float_dtype)
+    env[t.dst][key] = received[dst * n:(dst + 1) * n]

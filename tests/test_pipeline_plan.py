@@ -48,7 +48,7 @@ hardware: V100-32GB
     ("mesh: {batch: 8}\npipeline: {microbatches: 4}",
      "pipeline: needs a 'pipeline' mesh axis, its size the number of stages, e.g. mesh: {pipeline: 4, batch: 8}"),
     ("mesh: {pipeline: 2, batch: 4}\npipeline: {schedule: zigzag}",
-     "pipeline.schedule: Input should be 'gpipe' or '1f1b'"),
+     "pipeline.schedule: Input should be 'gpipe', '1f1b' or 'interleaved'"),
     ("mesh: {pipeline: 2, batch: 4}\npipeline: {microbatches: 0}",
      "pipeline.microbatches: Input should be greater than 0"),
     ("mesh: {pipeline: 2, batch: 4}\nschedule: [{manual: {axis: pipeline, values: {x: 0}}}]",

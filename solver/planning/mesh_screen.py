@@ -124,7 +124,7 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         cost = evaluate(lowered.function, hardware)
         return Screened(cost.step_time_s, cost.peak_memory_bytes, cost.fits, source, plan, remat)
     if spec.microbatches_auto:
-        most = microbatch_counts(program.nda, program.model, plan)[-1]
+        most = microbatch_counts(program.nda, program.model, plan, spec)[-1]
         counts = [most] if spec.stages > 1 else sorted({1, most})
     else:
         counts = [spec.microbatch_count]

@@ -42,7 +42,7 @@ from ir import ops
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.pipeline import Pipeline, PipelineError, microbatch_nda, pipeline_step
+from ir.pipeline import Pipeline, PipelineError, bubble_fraction, microbatch_nda, pipeline_step
 from ir.pipeline_fold import fold_pipeline
 from solver.plan import Plan
 from solver.planning.spec import Spec, SpecError
@@ -95,21 +95,28 @@ def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: 
     if microbatches is None and spec.microbatches_auto:
         microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
     try:
-        return make(model, nda, plan.mesh, plan.decisions, stages=spec.stages,
-                    microbatches=microbatches or spec.microbatch_count, schedule="gpipe",
-                    resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options), microbatches
+        return make(model, nda, plan.mesh, plan.decisions, stages=spec.stages * spec.chunks,
+                    microbatches=microbatches or spec.microbatch_count,
+                    schedule="interleaved" if spec.chunks > 1 else "gpipe", resolutions=dict(plan.resolutions),
+                    replicated=plan.replicated, options=options, chunks=spec.chunks), microbatches
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
 
 
-def microbatch_counts(nda: NDA, model: Model, plan: Plan) -> list[int]:
+def microbatch_counts(nda: NDA, model: Model, plan: Plan, spec: Spec | None = None) -> list[int]:
     """The microbatch counts a plan can run with: the divisors of the batch
-    over the devices the plan splits it over."""
+    over the devices the plan splits it over (under the spec's interleaved
+    schedule, those that are multiples of its pipeline devices)."""
     sharding = plan.materialize(nda)
     batch = next(p for p in nda.function.params if p.name in model.inputs and p.type.rank)
     split = math.prod(plan.mesh.size(a) for a in sharding.def_dims(nda, batch)[0])
     per_device = batch.type.shape[0] // split
-    return [k for k in range(1, per_device + 1) if per_device % k == 0]
+    rounds = spec.stages if spec is not None and spec.chunks > 1 else 1
+    counts = [k for k in range(1, per_device + 1) if per_device % k == 0 and k % rounds == 0]
+    if not counts:
+        raise SpecError(f"{spec.source}: microbatches: auto: the batch a device holds ({per_device}) splits into "
+                        f"no multiple of the {rounds} pipeline devices the interleaved schedule needs")
+    return counts
 
 
 def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
@@ -118,19 +125,21 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
     pipelined step that fits (the smaller count on a tie), else the
     smallest peak; the counts are those that split the batch
     (`microbatch_counts`). Once a count fits, a count whose bound
-    (`_least_compute_s` x (K + P - 1) / K: no step of P stages and K
-    microbatches is faster) is no faster is not priced; the counts go from
-    the most, the smallest bubble, down."""
+    (`_least_compute_s` over one minus the bubble, (K + P - 1) / K times it
+    with one stage a device: no step of P devices and K microbatches is
+    faster) is no faster is not priced; the counts go from the most, the
+    smallest bubble, down."""
     ideal = _least_compute_s(model, spec.mesh_obj().num_devices, hardware)
     best = None
-    for k in sorted(microbatch_counts(nda, model, plan), reverse=True):
-        if best is not None and not best[0][0] and ideal * (k + spec.stages - 1) / k > best[0][1]:
+    for k in sorted(microbatch_counts(nda, model, plan, spec), reverse=True):
+        if best is not None and not best[0][0] and ideal / (1 - bubble_fraction(spec.stages * spec.chunks, k,
+                                                                                 spec.chunks)) > best[0][1]:
             continue
         cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
         key = (not cost.fits, cost.step_time_s if cost.fits else max(cost.peak_memory_bytes))
         if best is None or key <= best[0]:
             best = (key, k)
-    assert best is not None  # K = 1 always splits the batch
+    assert best is not None  # `microbatch_counts` is never empty
     return best[1]
 
 
@@ -139,7 +148,9 @@ def _least_compute_s(model: Model, devices: int, hardware: Hardware) -> float:
     its flops spread evenly over the devices at the device's highest peak
     (every kernel the cost model prices takes at least its flops over that).
     A pipeline's step is at least (K + P - 1) / K times it: a device runs its
-    stage's K microbatches, and the schedule at least P - 1 more stage runs."""
+    stage's K microbatches, and the schedule at least P - 1 more stage runs
+    (interleaved, (v K + P - 1) / v K: its v chunks' v K runs, and P - 1
+    more chunk runs)."""
     flops = sum(ops.op_cost(op).flops for op in model.function.ops if op.kind not in COMMUNICATION)
     return flops / devices / max(hardware.device.peak_flops.values())
 
@@ -177,7 +188,7 @@ def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
     compute, communication (by kind) and flops of one device of the busiest
     stage; the transfers are in the schedule's time, not in these. The
     kernel counts are every task's, once."""
-    work = [cost.stage_work(s, pipeline.microbatches) for s in range(pipeline.stages)]
+    work = [_device_work(cost, pipeline, d) for d in range(pipeline.devices)]
     compute, communication, flops, by_kind = max(work, key=lambda w: w[0] + w[1])
     kernels = sum(c.kernels for c in cost.tasks.values())
     fused = sum(c.fused_ops for c in cost.tasks.values())
@@ -185,13 +196,26 @@ def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
                 flops, by_kind, dict(cost.collective_counts), kernels, fused)
 
 
+def _device_work(cost: PipelineCost, pipeline: Pipeline, device: int) -> tuple[float, float, int, dict[str, float]]:
+    """`PipelineCost.stage_work` summed over the stages the device runs."""
+    compute = communication = 0.0
+    flops, by_kind = 0, {}
+    for s in range(device, pipeline.stages, pipeline.devices):
+        c, m, f, kinds = cost.stage_work(s, pipeline.microbatches)
+        compute, communication, flops = compute + c, communication + m, flops + f
+        for kind, seconds in kinds.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    return compute, communication, flops, by_kind
+
+
 def pipeline_json(pipeline: Pipeline, cost: PipelineCost) -> dict[str, Any]:
     """The `pipeline` object of `shardplan plan --json` (docs/json.md)."""
     stages = []
     for s in range(pipeline.stages):
-        memory = cost.memory[s]
+        memory = cost.memory[pipeline.device(s)]
         stages.append({
             "stage": s,
+            "device": pipeline.device(s),
             "layers": list(pipeline.stage_layers[s]) if pipeline.stage_layers else [],
             **{f"{phase}_s": cost.tasks[(s, phase)].step_time_s if (s, phase) in cost.tasks else 0.0
                for phase in ("forward", "backward", "post")},
@@ -201,11 +225,13 @@ def pipeline_json(pipeline: Pipeline, cost: PipelineCost) -> dict[str, Any]:
             "accumulated_bytes": memory.accumulated_bytes,
             "stash_bytes": memory.stash_bytes,
             "in_flight": memory.in_flight,
+            "held_bytes": memory.held,
             "transient_bytes": memory.transient_bytes,
             "update_bytes": memory.update_bytes,
         })
     return {
         "stages": pipeline.stages,
+        "chunks": pipeline.chunks,
         "microbatches": pipeline.microbatches,
         "schedule": pipeline.schedule,
         "step_time_s": cost.step_time_s,

@@ -22,15 +22,28 @@ def format_pipeline(report: dict[str, Any]) -> list[str]:
                 f"{format_seconds(st['backward_s'])} a microbatch; peak {format_bytes(st['peak_memory_bytes'])} "
                 f"({format_bytes(st['stash_bytes'])} of one microbatch's activations)"]
     per_k = sum(1 for t in report["transfers"] if t["per_microbatch"])
-    lines = [f"pipeline: {report['stages']} stages x {report['microbatches']} microbatches, {report['schedule']}; "
-             f"bubble {report['bubble_fraction']:.1%} of the step idle, "
+    chunks = report["chunks"]
+    devices = f" ({chunks} per device on {report['stages'] // chunks} devices)" if chunks > 1 else ""
+    lines = [f"pipeline: {report['stages']} stages{devices} x {report['microbatches']} microbatches, "
+             f"{report['schedule']}; bubble {report['bubble_fraction']:.1%} of the step idle, "
              f"{per_k} transfers per microbatch ({format_seconds(report['transfer_s'])} a step)"]
     for st in report["per_stage"]:
         layers = st["layers"]
         span = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}" if layers else "-"
-        lines.append(f"  stage {st['stage']}: {span:<14} forward {format_seconds(st['forward_s'])}, backward "
-                     f"{format_seconds(st['backward_s'])} a microbatch; peak {format_bytes(st['peak_memory_bytes'])} "
-                     f"({st['in_flight']} x {format_bytes(st['stash_bytes'])} of activations in flight)")
+        times = (f"forward {format_seconds(st['forward_s'])}, backward {format_seconds(st['backward_s'])} "
+                 "a microbatch")
+        if chunks > 1:
+            lines.append(f"  stage {st['stage']} (device {st['device']}): {span:<14} {times}")
+        else:
+            lines.append(f"  stage {st['stage']}: {span:<14} {times}; peak {format_bytes(st['peak_memory_bytes'])} "
+                         f"({st['in_flight']} x {format_bytes(st['stash_bytes'])} of activations in flight)")
+    if chunks > 1:
+        for d in range(report["stages"] // chunks):
+            st = report["per_stage"][d]
+            stages = ", ".join(str(s["stage"]) for s in report["per_stage"] if s["device"] == d)
+            lines.append(f"  device {d}: stages {stages}; peak {format_bytes(st['peak_memory_bytes'])} "
+                         f"({st['in_flight']} stage microbatches in flight, {format_bytes(st['held_bytes'])} of "
+                         "activations at most)")
     return lines
 
 

@@ -27,6 +27,8 @@ misspelt key fails instead of being ignored:
     #   links: {batch: {bandwidth: 25GB/s, latency: 10us}, model: {bandwidth: 300GB/s, latency: 1us}}
     microbatches: 4             # optional: gradient accumulation (or a pipeline's
                                 #   microbatches): K, or auto (the planner's choice)
+    pipeline: {schedule: interleaved, chunks: 2}   # optional, with a pipeline mesh axis:
+                                #   gpipe, 1f1b or interleaved (chunks: stages per device)
     schedule: [...]             # optional: the default schedule (a list of tactics)
     schedules:                  # optional: named schedules, each with what CI expects of it
       BP:
@@ -238,7 +240,16 @@ class PipelineSpec(_Strict):
     the microbatches one step's batch is split into, and the schedule."""
 
     microbatches: Annotated[int, Field(strict=True, gt=0)] | None = None  # default: 4 per stage
-    schedule: Literal["gpipe", "1f1b"] | None = None  # default: GPipe, or 1F1B where GPipe does not fit
+    # default: GPipe, or 1F1B where GPipe does not fit; interleaved: Megatron's interleaved 1F1B
+    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
+    chunks: Annotated[int, Field(strict=True, gt=1)] | None = None  # interleaved: stages per device (default 2)
+
+    @model_validator(mode="after")
+    def _chunks(self) -> PipelineSpec:
+        if self.chunks is not None and self.schedule != "interleaved":
+            raise ValueError("pipeline.chunks: only the interleaved schedule runs several chunks (stages) per "
+                             "device; add schedule: interleaved")
+        return self
 
 
 class ScheduleSpec(_Strict):
@@ -446,12 +457,25 @@ class Spec(_Strict):
                              "microbatches; it needs model.step: train")
         if self.microbatches is not None and self.pipeline is not None and self.pipeline.microbatches is not None:
             raise ValueError("microbatches: given twice, here and as pipeline.microbatches; keep one")
+        if self.chunks > 1 and isinstance(self.mesh.get(PIPELINE), int) and not self.microbatches_auto \
+                and self.microbatch_count % self.stages:
+            field = "microbatches" if self.microbatches is not None else "pipeline.microbatches"
+            raise ValueError(f"{field}: the interleaved schedule runs the microbatches in rounds of the "
+                             f"{self.stages} pipeline devices; {self.microbatch_count} is not a multiple of "
+                             f"{self.stages}")
         return self
 
     @property
     def stages(self) -> int:
         """Pipeline stages: the `pipeline` axis's size (1 without one)."""
         return self.mesh.get(PIPELINE, 1)
+
+    @property
+    def chunks(self) -> int:
+        """Stages per pipeline device: `pipeline.chunks` under the interleaved schedule (default 2), else 1."""
+        if self.pipeline is None or self.pipeline.schedule != "interleaved":
+            return 1
+        return self.pipeline.chunks or 2
 
     @property
     def microbatch_count(self) -> int:
