@@ -46,7 +46,7 @@ from typing import Any
 from costmodel.evaluate import COMMUNICATION, Cost, collective_s, evaluate
 from costmodel.hardware import Hardware
 from ir.core import Function, TensorType
-from ir.pipeline import PHASES, PIPELINE, Pipeline, Task, Transfer
+from ir.pipeline import PHASES, PIPELINE, Pipeline, Transfer
 from ir.pipeline_run import device_sequences
 
 
@@ -214,14 +214,20 @@ def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorTy
     return collective_s("collective_permute", (PIPELINE,), value_type, value_type, pipeline.mesh, hardware)
 
 
-def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, ...] | None = None) -> PipelineCost:
-    """Step time, bubble and per-stage peak memory of a pipelined step.
+def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, ...] | None = None,
+                  chunks: int = 1) -> PipelineCost:
+    """Step time, bubble and per-device peak memory of a pipelined step.
     `stage_map`: the stage of `pipeline` each stage of the step runs as (a
-    uniform pipeline folded to three stages, `ir.pipeline_fold`); None: the
-    pipeline's own stages. A stage receives what its stand-in receives."""
-    if stage_map is not None and pipeline.chunks != 1:
-        raise ValueError("an interleaved pipeline is priced whole: its devices' memory sums their own chunks")
-    stage_map = tuple(range(pipeline.stages)) if stage_map is None else stage_map
+    uniform pipeline folded to three stages, `ir.pipeline_fold`), and
+    `chunks` the step's stages per device; None: the pipeline's own stages
+    and chunks. A stage receives what its stand-in receives."""
+    if stage_map is None:
+        stage_map, chunks, same_device = tuple(range(pipeline.stages)), pipeline.chunks, pipeline.same_device
+    else:
+        # A folded step's transfers are between neighbours or the first and the last stage, on
+        # other devices whenever it is folded (`ir.pipeline_fold`: interleaved, 3 devices or more).
+        def same_device(t: Transfer) -> bool:
+            return False
     copies = Counter(stage_map)  # how many stages of the step each stage of `pipeline` stands for
     priced: dict[tuple, Cost] = {}  # a uniform model's inner stages run the same tasks under other names
     own: dict[tuple[int, str], Cost] = {}
@@ -235,7 +241,7 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     start: dict[int, float] = {}
     total_transfer = 0.0
     for t in pipeline.transfers:
-        if pipeline.same_device(t):  # between two chunks of one device: it stays
+        if same_device(t):  # between two chunks of one device: it stays
             continue
         seconds = transfer_time_s(pipeline, hardware, t.type)
         total_transfer += seconds * (pipeline.microbatches if t.per_microbatch else 1) * copies[t.dst]
@@ -255,16 +261,17 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     times = simulate_schedule(len(stage_map), pipeline.microbatches, pipeline.schedule, task_s,
                               {(s, phase): arrive[(stage_map[s], phase)] for s in stages for phase in PHASES
                                if (stage_map[s], phase) in arrive},
-                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start}, pipeline.chunks)
+                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start}, chunks)
     by_kind = task_work(costs, pipeline.microbatches)[3]
     by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
     counted = pipeline.collective_counts(copies)
     counts = {k: counted.get(k, 0) for k in COMMUNICATION}
     own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
-    if pipeline.chunks == 1:
+    if chunks == 1:
         memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
     else:
-        memory = _device_memory(pipeline, [own_memory[stage_map[s]] for s in stages], times.in_flight)
+        memory = _device_memory([own_memory[stage_map[s]] for s in stages], times.in_flight,
+                                device_sequences(len(stage_map), pipeline.microbatches, pipeline.schedule, chunks))
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
                         hardware.capacity_bytes, counts, by_kind, pipeline.microbatches)
 
@@ -291,7 +298,8 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
     """The stage's memory terms (module docstring)."""
     tasks = [t for t in pipeline.tasks if t.stage == stage]
     inputs = {p.name for p in pipeline.local.function.params}
-    resident = _resident(pipeline, tasks)
+    resident = {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
+                for t in tasks for p in t.function.params if p.name in inputs}
     totals = dict(pipeline.sums)
     accumulated = {totals[r.name]: r.type.num_bytes for t in tasks for r in t.function.results if r.name in totals}
     forward = next((t for t in tasks if t.phase == "forward"), None)
@@ -309,31 +317,24 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
                        transient, update)
 
 
-def _resident(pipeline: Pipeline, tasks: list[Task]) -> dict[str, int]:
-    """The step inputs `tasks` read, with their bytes on one device (a batch input: every microbatch's)."""
-    inputs = {p.name for p in pipeline.local.function.params}
-    return {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
-            for t in tasks for p in t.function.params if p.name in inputs}
-
-
-def _device_memory(pipeline: Pipeline, stage_memory: list[StageMemory],
-                   in_flight: tuple[int, ...]) -> tuple[StageMemory, ...]:
-    """Per device, the memory of the stages it runs (interleaved chunks):
-    their inputs (once), sums and the most stash its schedule holds at once (each
-    stage microbatch in flight holding its own stage's); the largest
+def _device_memory(stage_memory: list[StageMemory], in_flight: tuple[int, ...],
+                   seqs: list[list[tuple[int, str, int]]]) -> tuple[StageMemory, ...]:
+    """Per device (`seqs`: each device's sequence), the memory of the stages
+    it runs (interleaved chunks): their inputs and sums, summed (an input
+    two of its stages read, a table every layer reads, counts twice: an
+    upper bound by that input), the most stash its sequence holds at once
+    (each stage microbatch in flight its own stage's); the largest
     transient; an update beside the other stages' sums (an upper bound:
     the posts run one after another and free the sums they read)."""
     out = []
-    seqs = device_sequences(pipeline.stages, pipeline.microbatches, pipeline.schedule, pipeline.chunks)
     for d, seq in enumerate(seqs):
-        own = [stage_memory[s] for s in range(d, pipeline.stages, pipeline.devices)]
+        own = [stage_memory[s] for s in range(d, len(stage_memory), len(seqs))]
         held = most = 0
         for s, phase, _ in seq:
             held += {"forward": 1, "backward": -1}.get(phase, 0) * stage_memory[s].stash_bytes
             most = max(most, held)
         accumulated = sum(m.accumulated_bytes for m in own)
-        resident = _resident(pipeline, [t for t in pipeline.tasks if pipeline.device(t.stage) == d])
-        out.append(StageMemory(sum(resident.values()), accumulated, max(m.stash_bytes for m in own),
+        out.append(StageMemory(sum(m.resident_bytes for m in own), accumulated, max(m.stash_bytes for m in own),
                                in_flight[d], max(m.transient_bytes for m in own),
                                max(m.update_bytes + accumulated - m.accumulated_bytes for m in own), most))
     return tuple(out)

@@ -35,7 +35,7 @@ from ir.core import Function, Mesh, Value, users
 from ir.lower import LoweringError, LowerOptions, lower_ops
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.pipeline import Pipeline, lower_pipeline, microbatch_sharding, value_stages
+from ir.pipeline import Pipeline, check_schedule, lower_pipeline, microbatch_sharding, value_stages
 from ir.sharding import Decision, FactorSharding
 
 FOLDED_STAGES = 3  # the first stage, one inner stage, the last
@@ -44,10 +44,12 @@ FOLDED_STAGES = 3  # the first stage, one inner stage, the last
 @dataclass(frozen=True, slots=True)
 class Folded:
     """A three-stage pipeline standing for a longer one: `stage_map[s]` is
-    the stage of `pipeline` that stage s of the step runs as."""
+    the stage of `pipeline` that stage s of the step runs as, `chunks` the
+    step's stages per device (interleaved)."""
 
     pipeline: Pipeline
     stage_map: tuple[int, ...]
+    chunks: int = 1
 
 
 def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
@@ -55,11 +57,14 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
                   replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
                   chunks: int = 1) -> Folded | None:
     """`ir.pipeline.pipeline_step`'s step folded to three stages (module
-    docstring), or None when its inner stages are not provably equal, it
-    has fewer than four stages (nothing to fold) or runs several per device
-    (interleaved: priced whole; its devices' memory sums their chunks)."""
-    if stages <= FOLDED_STAGES or chunks != 1:
+    docstring), or None when its inner stages are not provably equal or it
+    has fewer than four stages (nothing to fold). Interleaved (`chunks` >
+    1), it folds on three devices or more, where every transfer the fold
+    keeps (between neighbours, or stage 1 or the first and the last) is
+    between two devices; on two, stage 1 and the last share a device."""
+    if stages <= FOLDED_STAGES or (chunks != 1 and stages // chunks < 3):
         return None
+    check_schedule(schedule, stages, chunks)
     fn = model.function
     sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
     cut = _cut(model, nda, sharding, stages, (tuple(decisions), tuple(sorted((resolutions or {}).items())),
@@ -77,8 +82,10 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
     stand_in = {s: (0 if s == 0 else 2 if s == last else 1) for s in range(stages)}
     three = {name: stand_in[s] for name, s in stage_of.items() if s in kept or name in params}
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
-    pipeline = lower_pipeline(lowered, three, forward, FOLDED_STAGES, schedule)
-    return Folded(pipeline, tuple(stand_in[s] for s in range(stages)))
+    # The three stand-ins are no interleaved pipeline of their own: `pipeline_cost` runs the step's
+    # schedule over `stage_map` with `chunks`.
+    pipeline = lower_pipeline(lowered, three, forward, FOLDED_STAGES, "gpipe" if chunks > 1 else schedule)
+    return Folded(pipeline, tuple(stand_in[s] for s in range(stages)), chunks)
 
 
 _CUTS: dict[tuple, tuple] = {}  # the last few `_cut`s, by program identity and plan

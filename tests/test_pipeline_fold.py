@@ -5,6 +5,8 @@ differ is not folded."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from costmodel.pipeline import pipeline_cost
@@ -77,6 +79,34 @@ def test_folded_price_is_the_whole_pipelines(layers, stages, k, tied, schedule_n
         assert priced.schedule.in_flight == exact.schedule.in_flight
         # Three stages lowered instead of P: fewer ops, the more so the deeper the pipeline.
         assert len(folded.pipeline.local.function.ops) < len(whole.local.function.ops)
+
+
+@pytest.mark.parametrize("layers, devices, chunks, k, tied", [(16, 4, 2, 4, True), (16, 4, 2, 8, False),
+                                                              (12, 4, 3, 4, True)])
+@pytest.mark.parametrize("schedule_name", ["BP", "BP+MP+R", "ZeRO"])
+def test_folded_interleaved_price_is_the_whole_pipelines(layers, devices, chunks, k, tied, schedule_name):
+    planned = plan_spec(_spec(layers, devices, k, tied), "none", schedule=schedule_name)
+    hardware, plan = planned.spec.hardware_obj(), planned.plan
+    args = dict(stages=devices * chunks, microbatches=k, schedule="interleaved", resolutions=dict(plan.resolutions),
+                replicated=plan.replicated, chunks=chunks)
+    whole = pipeline_step(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    folded = fold_pipeline(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    assert folded is not None and folded.chunks == chunks and len(folded.stage_map) == devices * chunks
+    exact = pipeline_cost(whole, hardware)
+    priced = pipeline_cost(dataclasses.replace(folded.pipeline, schedule="interleaved"), hardware, folded.stage_map,
+                           folded.chunks)
+    assert priced.step_time_s == pytest.approx(exact.step_time_s, rel=1e-12)
+    assert priced.transfer_s == pytest.approx(exact.transfer_s, rel=1e-12)
+    assert priced.memory == exact.memory  # every device: its chunks' inputs, sums, the stash its order holds
+    assert dict(priced.collective_counts) == dict(exact.collective_counts)
+    assert priced.schedule.in_flight == exact.schedule.in_flight
+
+
+def test_interleaved_on_two_devices_is_not_folded():
+    planned = plan_spec(_spec(8, 2, 4), "none", schedule="BP")
+    plan = planned.plan
+    assert fold_pipeline(planned.model, planned.nda, plan.mesh, plan.decisions, stages=4, microbatches=4,
+                         schedule="interleaved", chunks=2) is None
 
 
 def test_pipelined_cost_is_pipelined_s_cost():

@@ -197,7 +197,7 @@ def test_plan_runs_the_interleaved_schedule_and_reports_devices(capsys, tmp_path
     planned = plan_spec(spec)
     assert (planned.pipeline.stages, planned.pipeline.chunks, planned.pipeline.schedule) == (4, 2, "interleaved")
     built = spec.build()
-    # Interleaved pipelines are priced whole: the cost the floor and re-ranking use is the answer's.
+    # On two devices an interleaved pipeline is priced whole: the cost the floor and re-ranking use is the answer's.
     whole = pipelined(spec, built, analyze(built.function), planned.plan, spec.hardware_obj())[1]
     assert pipelined_cost(spec, built, analyze(built.function), planned.plan,
                           spec.hardware_obj()).step_time_s == whole.step_time_s

@@ -84,7 +84,7 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     folded, microbatches = _staged(fold_pipeline, spec, model, nda, plan, hardware, options, microbatches)
     if folded is None:
         return pipelined(spec, model, nda, plan, hardware, options, microbatches)[1]
-    return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map)[1]
+    return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
 
 
 def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
@@ -167,18 +167,18 @@ def pipelined_step_s(priced: Callable[[], PipelineCost]) -> float:
 
 
 def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None,
-                  stage_map: tuple[int, ...] | None = None) -> tuple[Pipeline, PipelineCost]:
+                  stage_map: tuple[int, ...] | None = None, chunks: int = 1) -> tuple[Pipeline, PipelineCost]:
     """The pipeline on `schedule`, priced; None: GPipe, or 1F1B where
     GPipe's microbatches in flight do not fit (the same time, less memory);
     1F1B for one stage (gradient accumulation: one microbatch at a time).
-    `stage_map`: a folded pipeline's (`costmodel.pipeline.pipeline_cost`)."""
+    `stage_map`, `chunks`: a folded pipeline's (`costmodel.pipeline.pipeline_cost`)."""
     stages = pipeline.stages if stage_map is None else len(stage_map)
     default = "1f1b" if stages == 1 else "gpipe"
     chosen = dataclasses.replace(pipeline, schedule=schedule or default)
-    cost = pipeline_cost(chosen, hardware, stage_map)
+    cost = pipeline_cost(chosen, hardware, stage_map, chunks)
     if schedule is None and not cost.fits:
         chosen = dataclasses.replace(pipeline, schedule="1f1b")
-        cost = pipeline_cost(chosen, hardware, stage_map)
+        cost = pipeline_cost(chosen, hardware, stage_map, chunks)
     return chosen, cost
 
 
