@@ -12,6 +12,11 @@ recomputed: `specs/megatron/*.yaml` (the 18.4B one is the bundled
     model FLOP/s per GPU that implies (the paper's count of a step's flops,
     96 B s l h^2 (1 + s / 6h + V / 16 l h), recomputation included), the
     peak memory and whether it fits;
+  - the paper's own measurement (its Table 1, achieved teraFLOP/s per GPU)
+    beside that;
+  - for a pipelined split, the same split on Megatron's interleaved 1F1B
+    (`pipeline: {schedule: interleaved, chunks: v}`), each v that divides
+    the layers per stage, the fastest that fits;
   - with `--search`, `plan --solver cpsat` on the same mesh, as a user runs
     it (the expert floor, the remat search and, for a pipeline or
     microbatches, the re-ranking by the microbatched step): its answer, the
@@ -47,6 +52,9 @@ from scale import ROOT, run_command  # noqa: E402  (importing it takes this dire
 
 CONFIGS = ROOT.parent / "shared" / "megatron_gpt_configs.json"
 VOCAB, SEQ = 51200, 2048
+# Narayanan et al. (SC 2021), Table 1: achieved teraFLOP/s per GPU, by model size in billions of parameters.
+PAPER_TFLOPS = {1.7: 137, 3.6: 138, 7.5: 142, 18.4: 135, 39.1: 138, 76.1: 140, 145.6: 148, 310.1: 155, 529.6: 163,
+                1008.0: 163}
 
 
 def spec_and_schedule(config: dict) -> tuple[str, str]:
@@ -78,9 +86,38 @@ def auto_spec(config: dict, directory: Path) -> str:
     return str(path)
 
 
+def interleaved_spec(config: dict, chunks: int, directory: Path) -> str:
+    """The configuration's spec on Megatron's interleaved 1F1B with `chunks` stages per device."""
+    spec, _ = spec_and_schedule(config)
+    data = yaml.safe_load((ROOT / spec).read_text())
+    data["pipeline"] = {**(data.get("pipeline") or {}), "schedule": "interleaved", "chunks": chunks}
+    path = directory / f"{Path(spec).stem}_interleaved_{chunks}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def interleaved(config: dict, directory: Path) -> dict | None:
+    """The published split on the interleaved schedule: each count of chunks
+    that divides the layers per stage, the fastest that fits (else the
+    fastest), with the counts tried."""
+    if config["pipeline"] == 1:
+        return None
+    per_stage = config["layers"] // config["pipeline"]
+    _, schedule = spec_and_schedule(config)
+    runs = {v: run_command(interleaved_spec(config, v, directory), "--schedule", schedule)
+            for v in range(2, per_stage + 1) if per_stage % v == 0}
+    priced = {v: r for v, r in runs.items() if "error" not in r}
+    if not priced:
+        return next(iter(runs.values()), None)
+    best = min(priced, key=lambda v: (not priced[v]["fits"], priced[v]["step_time_s"]))
+    return {**priced[best], "chunks": best, "tried": sorted(runs),
+            "tflops_per_gpu": step_flops(config) / priced[best]["step_time_s"] / config["gpus"] / 1e12}
+
+
 def measure(config: dict, search: bool, mesh_auto: bool, directory: Path) -> dict:
     spec, schedule = spec_and_schedule(config)
-    row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", schedule)}
+    row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", schedule),
+           "interleaved": interleaved(config, directory)}
     published = row["published"]
     if "error" not in published:
         published["tflops_per_gpu"] = step_flops(config) / published["step_time_s"] / config["gpus"] / 1e12
@@ -97,18 +134,20 @@ def _split(c: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | t x p x d | GPUs | batch, microbatches | published split: step time | model TFLOP/s per GPU "
-             "| peak memory | plan wall | CP-SAT answer | searched plan | search wall, peak RSS |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+             "| the paper's | peak memory | plan wall | interleaved: chunks, step time, TFLOP/s | CP-SAT answer "
+             "| searched plan | search wall, peak RSS |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in rows:
         c, p = r["config"], r["published"]
         k = c["global_batch"] // c["data"]
         head = f"| {c['params_billion']:g}B | {_split(c)} | {c['gpus']:,} | {c['global_batch']:,}, K = {k} |"
+        paper = PAPER_TFLOPS.get(c["params_billion"], "")
         if "error" in p:
-            lines.append(f"{head} {p['error']} | | | {p['wall_s']:.0f} s | | | |")
+            lines.append(f"{head} {p['error']} | | {paper} | | {p['wall_s']:.0f} s | | | | |")
             continue
         fit = "fits" if p["fits"] else "DOES NOT FIT"
-        cells = (f" {p['step_time_s']:.2f} s | {p['tflops_per_gpu']:.0f} | {p['peak_gib']:.1f} GiB, {fit} | "
-                 f"{p['wall_s']:.0f} s |")
+        cells = (f" {p['step_time_s']:.2f} s | {p['tflops_per_gpu']:.0f} | {paper} | {p['peak_gib']:.1f} GiB, {fit} | "
+                 f"{p['wall_s']:.0f} s | {_interleaved_cell(r.get('interleaved'))} |")
         s = r.get("cpsat")
         if s is None:
             lines.append(f"{head}{cells} not run | | |")
@@ -120,6 +159,16 @@ def table(rows: list[dict]) -> str:
             rss = f"{s['rss_gb']:.2f} GB" if s.get("rss_gb") else "n/a"
             lines.append(f"{head}{cells} {s['step_time_s']:.2f} s{kept} | {searched} | {s['wall_s']:.0f} s, {rss} |")
     return "\n".join(lines)
+
+
+def _interleaved_cell(i: dict | None) -> str:
+    if i is None:
+        return "-"
+    if "error" in i:
+        return i["error"]
+    fit = "" if i["fits"] else ", DOES NOT FIT"
+    tried = ", ".join(map(str, i["tried"]))
+    return f"{i['chunks']} (of {tried}), {i['step_time_s']:.2f} s, {i['tflops_per_gpu']:.0f}{fit}"
 
 
 def auto_table(rows: list[dict]) -> str:
@@ -175,7 +224,10 @@ def main() -> None:
             write_table("megatron-auto-table", text)
         return
     text = (table(rows) + "\n\nThe published split priced as written (the step time a pipeline's 1F1B schedule "
-            "simulates; TFLOP/s: the paper's flop count over that time and the GPUs); CP-SAT on the same mesh "
+            "simulates; TFLOP/s: the paper's flop count over that time and the GPUs); the paper's: its Table 1's "
+            "measured teraFLOP/s per GPU; interleaved: the same split on Megatron's interleaved 1F1B, the "
+            "fastest count of chunks per device that fits, of those that divide the layers per stage; CP-SAT on "
+            "the same mesh "
             "with the published split as its floor (searched plan: the search's own; where the answer is the "
             "published split, that plan was slower or did not fit). "
             f"Python {platform.python_version()} on {platform.machine()}, "
