@@ -269,7 +269,7 @@ class CostTable:
         run = Walk(self, codes, self._value_bytes(codes))
         run.partial_sums()
         run.communication(by_kind)
-        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges.tolist(), by_kind)
+        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges, by_kind)
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         peak = run.peak_memory_bytes()
         return make_cost(by_kind, peak, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops)

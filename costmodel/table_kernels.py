@@ -24,7 +24,6 @@ Per evaluation:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +82,19 @@ class FusedKernels:
         self.chunks = [(slice(c, c + chunk), base ** min(chunk, width - c),
                         base ** np.arange(min(chunk, width - c), dtype=np.int64)) for c in range(0, width, chunk)]
         self.sizes = np.array([len(k.ops) for k in self.kernels], dtype=np.int64)
+        # Every link's edges flat, each with its link's number; per link its kernel and position: which
+        # links a plan's collectives break is one gather (`evaluate`), not a scan per cut kernel.
+        link_edges: list[int] = []
+        link_ids: list[int] = []
+        at: list[tuple[int, int]] = []
+        for k, kernel in enumerate(self.kernels):
+            for n, (_, _, edges) in enumerate(kernel.links):
+                link_edges += edges
+                link_ids += [len(at)] * len(edges)
+                at.append((k, n))
+        self.link_edges = np.array(link_edges, dtype=np.int64)
+        self.link_ids = np.array(link_ids, dtype=np.int64)
+        self.link_at = at
         self._cut_memo: dict[tuple, tuple[list[tuple[str, float]], int, int, int]] = {}
         self._memo: dict[tuple, tuple[float, int]] = {}
 
@@ -115,13 +127,18 @@ class FusedKernels:
 
     # ------------------------------------------------------------ evaluation
 
-    def evaluate(self, codes: np.ndarray, cut_edges: Collection[int], by_kind: Counter[str]) -> tuple[int, int, int]:
+    def evaluate(self, codes: np.ndarray, cut_edges: np.ndarray, by_kind: Counter[str]) -> tuple[int, int, int]:
         """Add every kernel's time to `by_kind`; return (flops, kernels, fused ops):
         the pieces' count and how many ops run inside a piece of several."""
-        hit = self.kernel_of_edge[np.fromiter(cut_edges, dtype=np.int64, count=len(cut_edges))]
-        cut = np.unique(hit[hit >= 0])
         if not self.kernels:
             return 0, 0, 0
+        is_cut = np.zeros(len(self.kernel_of_edge), dtype=bool)
+        is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
+        broken: dict[int, list[int]] = {}  # per cut kernel, the positions of its links a collective breaks
+        for link in np.unique(self.link_ids[is_cut[self.link_edges]]).tolist():
+            k, n = self.link_at[link]
+            broken.setdefault(k, []).append(n)
+        cut = np.fromiter(broken, dtype=np.int64, count=len(broken))
         keep = np.ones(len(self.kernels), dtype=bool)
         keep[cut] = False
         reps = np.flatnonzero(keep)
@@ -139,16 +156,15 @@ class FusedKernels:
             by_kind[FUSION] += seconds * count
             flops += kernel_flops * count
         kernels, fused_ops = len(reps), int(self.sizes[reps].sum())
-        cut_set = set(cut_edges)
-        for k in cut.tolist():
-            f, n, fused = self._evaluate_cut(k, codes, cut_set, by_kind)
+        for k, row in zip(broken, codes[self.iclasses[cut]].tolist()):
+            f, n, fused = self._evaluate_cut(k, tuple(broken[k]), row, codes, by_kind)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
 
-    def _evaluate_cut(self, k: int, codes: np.ndarray, cut: set[int], by_kind: Counter[str]) -> tuple[int, int, int]:
-        kernel = self.kernels[k]
-        broken = tuple(n for n, (_, _, edges) in enumerate(kernel.links) if any(e in cut for e in edges))
-        key = (kernel.signature, broken, *codes[self.iclasses[k]].tolist())
+    def _evaluate_cut(self, k: int, broken: tuple[int, ...], row: list[int], codes: np.ndarray,
+                      by_kind: Counter[str]) -> tuple[int, int, int]:
+        """Kernel k with its links `broken` cut (`row`: its I-classes' codes)."""
+        key = (self.kernels[k].signature, broken, *row)
         term = self._cut_memo.get(key)
         if term is None:  # a cut kernel of a repeated layer is cut alike in every layer
             pieces = self.price_pieces(k, codes, broken)

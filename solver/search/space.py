@@ -295,42 +295,67 @@ class _FastMaterialize:
                 self.fixed_desel[sorted(nda.resolutions(cls)[fixed.get(cls, 0)])] = True
         self.class_desel = {cls: tuple(np.array(sorted(side), dtype=np.int64) for side in nda.resolutions(cls))
                             for cls in space.free_classes}
+        # How many reasons deselect each I-class with every free bit 0; a point's bits that are 1 move
+        # their class's reason from side 0 to side 1 (few per point, where the classes are many).
+        self.desel_count = self.fixed_desel.astype(np.int64)
+        for side0, _ in self.class_desel.values():
+            self.desel_count[side0] += 1
         self.color_members = [np.array(m, dtype=np.int64) for m in nda.color_iclasses]
         self.part = np.array(space.part, dtype=np.int64)
         rank = {c: r for r, c in enumerate(space.priority)}
-        self.group_colors = [sorted(colors, key=rank.__getitem__) for colors in space.groups]
-        self.rank = rank
+        # Per group and kind of color (data or not): its colors' I-classes in decision order, each with
+        # its color's rank, so a pass over several groups is one stable sort by rank.
+        self.group_members: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
+        for g, colors in enumerate(space.groups):
+            for data_pass in (True, False):
+                chosen = sorted((c for c in colors if (c in space.data_colors) == data_pass), key=rank.__getitem__)
+                if chosen:
+                    self.group_members[(g, data_pass)] = (
+                        np.concatenate([self.color_members[c] for c in chosen]),
+                        np.concatenate([np.full(len(self.color_members[c]), rank[c], dtype=np.int64)
+                                        for c in chosen]))
         # The space's decision order as passes of one axis and one kind of color (data or not).
         self.passes = [(a, True) for a in space.axes] + [(a, False) for a in reversed(space.axes)]
 
     def __call__(self, point: Point) -> np.ndarray:
         codes, held, owner_mask = self.base_codes.copy(), self.base_held.copy(), self.base_owner_mask.copy()
-        desel = self.fixed_desel.copy()
-        bits = dict(point.bits)
-        for cls, sides in self.class_desel.items():
-            desel[sides[bits.get(cls, 0)]] = True
-        mesh, data = self.space.mesh, self.space.data_colors
+        count = self.desel_count
+        for cls, bit in point.bits:
+            if bit and cls in self.class_desel:
+                if count is self.desel_count:
+                    count = count.copy()
+                side0, side1 = self.class_desel[cls]
+                count[side0] -= 1
+                count[side1] += 1
+        desel = count > 0
+        mesh = self.space.mesh
         levels = point.levels()
         for axis, data_pass in self.passes:
-            colors = sorted(((c, level) for (g, a), level in levels.items() if a == axis
-                             for c in self.group_colors[g] if (c in data) == data_pass),
-                            key=lambda cl: self.rank[cl[0]])
+            chosen = [(self.group_members[(g, data_pass)], level) for (g, a), level in levels.items()
+                      if a == axis and (g, data_pass) in self.group_members]
+            if not chosen:
+                continue
             bit, size, j = 1 << self.axis_index[axis], mesh.size(axis), self.axis_index[axis]
-            allowed = self.allowed[axis]
-            for c, level in colors:
-                ks = self.color_members[c]
-                ok = allowed[ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
-                    & (self.size[ks] % (held[ks] * size) == 0)
-                if level < WHOLE:
-                    ok &= self.part[ks] <= level
-                cand = ks[ok]
-                if not len(cand):
-                    continue
-                _, first = np.unique(self.owner[cand], return_index=True)
-                take = cand[first]
-                codes[take] = self.next_code[codes[take], j]
-                held[take] *= size
-                owner_mask[self.owner[take]] |= bit
+            # The pass's colors at once, in decision order: a color's I-classes are no other's, so what
+            # an earlier color takes changes a later one's test only through the owner, and the first
+            # candidate of each owner in color order is the one the sequential rule gives the axis.
+            if len(chosen) == 1:
+                (ks, _), level = chosen[0]
+                levels_of = np.full(len(ks), level, dtype=np.int64)
+            else:
+                order = np.argsort(np.concatenate([ranks for (_, ranks), _ in chosen]), kind="stable")
+                ks = np.concatenate([members for (members, _), _ in chosen])[order]
+                levels_of = np.repeat([level for _, level in chosen], [len(m) for (m, _), _ in chosen])[order]
+            ok = self.allowed[axis][ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
+                & (self.size[ks] % (held[ks] * size) == 0) & (self.part[ks] <= levels_of)
+            cand = ks[ok]
+            if not len(cand):
+                continue
+            _, first = np.unique(self.owner[cand], return_index=True)
+            take = cand[first]
+            codes[take] = self.next_code[codes[take], j]
+            held[take] *= size
+            owner_mask[self.owner[take]] |= bit
         return codes
 
 
