@@ -23,6 +23,8 @@ from ir.models.transformer import transformer
 from ir.nda import analyze
 from ir.pipeline import PIPELINE, PipelineError, bubble_fraction, pipeline_step, pipeline_text, transfer_function
 from ir.pipeline_run import device_sequences, run_order
+from solver.frontend.check import formula_names
+from solver.planning.expect import evaluate_formula
 from solver.planning.pipelining import microbatch_counts, pipelined, pipelined_cost
 from solver.planning.planner import plan_spec
 from solver.planning.spec import SpecError, parse_spec
@@ -218,3 +220,13 @@ def test_auto_microbatches_are_multiples_of_the_devices():
     counts = microbatch_counts(nda, built, planned.plan, spec)
     assert counts and all(k % 2 == 0 for k in counts)
     assert planned.pipeline.microbatches in counts
+
+
+def test_count_formulas_name_the_stages_per_device():
+    spec = parse_spec(SPEC + "pipeline: {schedule: interleaved, chunks: 2, microbatches: 4}\n", "p.yaml")
+    planned = plan_spec(spec)
+    names = formula_names(planned)
+    assert (names["P"], names["V"], names["K"]) == (2, 2, 4)
+    # An activation and a cotangent per boundary of the P x V stages and microbatch.
+    assert evaluate_formula("2 * (P * V - 1) * K", names) == planned.pipeline.collective_counts()[
+        "collective_permute"] == 24

@@ -479,11 +479,12 @@ def test_named_schedule_with_an_unknown_axis(tmp_path):
     ("{all_reduces: 3}", "schedules.BP.expect.all_reduces: unknown key; valid keys: all_reduce, all_gather, "
                          "reduce_scatter, all_to_all, all_slice, collective_permute, fits"),
     ("{all_reduce: -1}", "schedules.BP.expect.all_reduce: a count is at least 0, got -1"),
-    ("{all_reduce: 2.5}", "schedules.BP.expect.all_reduce: expected a count or a formula of L, P, K, not 2.5"),
+    ("{all_reduce: 2.5}", "schedules.BP.expect.all_reduce: expected a count or a formula of L, P, K, V, not 2.5"),
     ("{all_reduce: 'L + x'}", "schedules.BP.expect.all_reduce: 'L + x': unknown name 'x'; formulas use L (the "
-                              "program's layers), P (the pipeline stages), K (the microbatches)"),
-    ("{all_reduce: 'L +'}", "schedules.BP.expect.all_reduce: 'L +' is not a formula of L, P, K"),
-    ("{all_reduce: 'L ** 2'}", "schedules.BP.expect.all_reduce: 'L ** 2': only integers, L, P, K, + - * // and "
+                              "program's layers), P (the pipeline stages), K (the microbatches), V (the stages per "
+                              "pipeline device)"),
+    ("{all_reduce: 'L +'}", "schedules.BP.expect.all_reduce: 'L +' is not a formula of L, P, K, V"),
+    ("{all_reduce: 'L ** 2'}", "schedules.BP.expect.all_reduce: 'L ** 2': only integers, L, P, K, V, + - * // and "
                                "parentheses"),
     ("{fits: maybe}", "schedules.BP.expect.fits: Input should be a valid boolean"),
 ])

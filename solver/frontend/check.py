@@ -135,8 +135,11 @@ def _check_schedule(spec, prepared, name: str, expect: Expectation) -> ScheduleC
 
 def formula_names(planned: Planned) -> dict[str, int]:
     """The values count formulas use (`solver.planning.expect`): the pipeline's
-    stages and microbatches, and the layers when the program has any."""
-    names = {"P": planned.spec.stages, "K": planned.pipeline.microbatches if planned.pipeline else 1}
+    stages, microbatches and stages per device, and the layers when the
+    program has any."""
+    pipeline = planned.pipeline
+    names = {"P": planned.spec.stages, "K": pipeline.microbatches if pipeline else 1,
+             "V": pipeline.chunks if pipeline else 1}
     fn = planned.model.function
     forward_ops = planned.model.forward_ops or len(fn.ops)
     layers = layer_segments(fn, forward_ops)

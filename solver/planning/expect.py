@@ -13,6 +13,8 @@ Formulas use integers, + - * // and parentheses, and the names:
     L   the program's layers (values layers.<l>.out)
     P   the pipeline stages (the `pipeline` mesh axis; 1 without it)
     K   the microbatches (`pipeline.microbatches`; 1 without a pipeline)
+    V   the stages each pipeline device runs (the interleaved schedule's
+        `pipeline.chunks`; 1 otherwise), so P * V stages in all
 
 They are checked when the spec is read (syntax and names) and evaluated
 when the plan is checked.
@@ -29,7 +31,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 # The collective kinds an expectation counts, as the lowering and the
 # pipeline emit them.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice", "collective_permute")
-FORMULA_NAMES = {"L": "the program's layers", "P": "the pipeline stages", "K": "the microbatches"}
+FORMULA_NAMES = {"L": "the program's layers", "P": "the pipeline stages", "K": "the microbatches",
+                 "V": "the stages per pipeline device"}
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
         ast.FloorDiv: lambda a, b: a // b}
 
