@@ -9,6 +9,8 @@ interleaved` and its errors."""
 from __future__ import annotations
 
 import json
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from conftest import shardplan
@@ -134,12 +136,18 @@ def test_interleaving_shrinks_the_bubble_and_a_device_holds_its_chunks():
         inputs = {p.name: p.type for t in own for p in t.function.params
                   if p.name in {q.name for q in pipeline.local.function.params}}
         weights = sum(ty.num_bytes for name, ty in inputs.items() if name not in pipeline.varying)
-        assert memory.resident_bytes >= weights  # each input once, with the batch's every microbatch
+        # Its stages' inputs and sums (the batch with every microbatch), summed: an input two of them read
+        # counts twice, here only Adam's step counter, a scalar (an upper bound by its 4 bytes).
+        assert memory.resident_bytes == sum(_stage(pipeline, s).memory.resident_bytes for s in range(d, 4, 2))
+        reads = Counter(name for s in range(d, 4, 2) for name in _stage(pipeline, s).inputs)
+        assert {name for name, n in reads.items() if n > 1} == {"opt.step"}
+        assert memory.resident_bytes >= weights
+        assert memory.accumulated_bytes == sum(_stage(pipeline, s).memory.accumulated_bytes for s in range(d, 4, 2))
         # The stash its order holds at its peak: a chunk microbatch in flight holds its own chunk's.
         held = most = 0
         stash: dict[int, int] = {}
         for s, phase, _ in device_sequences(4, 8, "interleaved", 2)[d]:
-            stash.setdefault(s, _stage_stash(pipeline, s))
+            stash.setdefault(s, _stage(pipeline, s).memory.stash_bytes)
             held += {"forward": stash[s], "backward": -stash[s]}.get(phase, 0)
             most = max(most, held)
         assert memory.held == most > 0
@@ -149,10 +157,13 @@ def test_interleaving_shrinks_the_bubble_and_a_device_holds_its_chunks():
     assert [m.in_flight for m in inter.memory] == [5, 3]
 
 
-def _stage_stash(pipeline, stage: int) -> int:
+def _stage(pipeline, stage: int) -> SimpleNamespace:
+    """One stage's own memory terms and the step inputs its tasks read."""
     from costmodel.pipeline import _stage_memory
 
-    return _stage_memory(pipeline, stage, 0).stash_bytes
+    inputs = {q.name for q in pipeline.local.function.params}
+    return SimpleNamespace(memory=_stage_memory(pipeline, stage, 0), inputs={
+        p.name for t in pipeline.tasks if t.stage == stage for p in t.function.params if p.name in inputs})
 
 
 def test_the_trace_has_a_track_per_device_and_names_the_stage():
