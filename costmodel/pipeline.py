@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ def simulate_schedule(stages: int, microbatches: int, schedule: str, task_s: Map
         if not moved:
             raise AssertionError(f"the {schedule} schedule deadlocks")
     busy = tuple(sum(task_s.get((s, phase), 0.0) for s, phase, _ in seq) for seq in seqs)
-    return ScheduleTimes(max(free), busy, tuple(_in_flight(seq) for seq in seqs), tuple(runs))
+    return ScheduleTimes(max(free), busy, tuple(_most_held(seq) for seq in seqs), tuple(runs))
 
 
 def schedule_trace(times: ScheduleTimes) -> dict[str, Any]:
@@ -132,10 +132,13 @@ def _dependency(stages: int, s: int, phase: str, k: int) -> tuple[int, str, int]
     return None
 
 
-def _in_flight(seq: list[tuple[int, str, int]]) -> int:
+def _most_held(seq: list[tuple[int, str, int]], weight: Sequence[int] | None = None) -> int:
+    """The most a device's sequence holds at once between a stage's forward
+    and its backward of a microbatch: stage microbatches, or with `weight`
+    (per stage) their sum."""
     held = most = 0
-    for _, phase, _ in seq:
-        held += {"forward": 1, "backward": -1}.get(phase, 0)
+    for s, phase, _ in seq:
+        held += {"forward": 1, "backward": -1}.get(phase, 0) * (1 if weight is None else weight[s])
         most = max(most, held)
     return most
 
@@ -186,21 +189,21 @@ class PipelineCost:
     def fits(self) -> bool:
         return max(self.peak_memory_bytes) <= self.capacity_bytes
 
-    def stage_work(self, stage: int, microbatches: int) -> tuple[float, float, int, dict[str, float]]:
-        """What one device of `stage` spends in a step: compute s, communication s, flops, seconds by kind."""
-        return task_work(self.tasks, microbatches, stage)
+    def work(self, stages: Container[int], microbatches: int) -> tuple[float, float, int, dict[str, float]]:
+        """What one device running `stages` spends in a step: compute s, communication s, flops, seconds by kind."""
+        return task_work(self.tasks, microbatches, stages)
 
 
 def task_work(tasks: Mapping[tuple[int, str], Cost], microbatches: int,
-              stage: int | None = None) -> tuple[float, float, int, dict[str, float]]:
+              stages: Container[int] | None = None) -> tuple[float, float, int, dict[str, float]]:
     """Compute s, communication s, flops and seconds by kind of the tasks of
-    `stage` (None: every stage's, summed) over a step: a forward or backward
-    runs once per microbatch, the update once."""
+    `stages` (None: every stage's), summed over a step: a forward or
+    backward runs once per microbatch, the update once."""
     compute = communication = 0.0
     flops = 0
     by_kind: dict[str, float] = {}
     for (s, phase), cost in tasks.items():
-        if stage is None or s == stage:
+        if stages is None or s in stages:
             runs = microbatches if phase in ("forward", "backward") else 1
             compute, communication = compute + cost.compute_s * runs, communication + cost.communication_s * runs
             flops += cost.flops * runs
@@ -270,7 +273,7 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     if chunks == 1:
         memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
     else:
-        memory = _device_memory([own_memory[stage_map[s]] for s in stages], times.in_flight,
+        memory = _device_memory([own_memory[stage_map[s]] for s in stages],
                                 device_sequences(len(stage_map), pipeline.microbatches, pipeline.schedule, chunks))
     return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
                         hardware.capacity_bytes, counts, by_kind, pipeline.microbatches)
@@ -317,7 +320,7 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
                        transient, update)
 
 
-def _device_memory(stage_memory: list[StageMemory], in_flight: tuple[int, ...],
+def _device_memory(stage_memory: list[StageMemory],
                    seqs: list[list[tuple[int, str, int]]]) -> tuple[StageMemory, ...]:
     """Per device (`seqs`: each device's sequence), the memory of the stages
     it runs (interleaved chunks): their inputs and sums, summed (an input
@@ -327,16 +330,15 @@ def _device_memory(stage_memory: list[StageMemory], in_flight: tuple[int, ...],
     transient; an update beside the other stages' sums (an upper bound:
     the posts run one after another and free the sums they read)."""
     out = []
+    stash = [m.stash_bytes for m in stage_memory]
     for d, seq in enumerate(seqs):
         own = [stage_memory[s] for s in range(d, len(stage_memory), len(seqs))]
-        held = most = 0
-        for s, phase, _ in seq:
-            held += {"forward": 1, "backward": -1}.get(phase, 0) * stage_memory[s].stash_bytes
-            most = max(most, held)
         accumulated = sum(m.accumulated_bytes for m in own)
         out.append(StageMemory(sum(m.resident_bytes for m in own), accumulated, max(m.stash_bytes for m in own),
-                               in_flight[d], max(m.transient_bytes for m in own),
-                               max(m.update_bytes + accumulated - m.accumulated_bytes for m in own), most))
+                               _most_held(seq),
+                               max(m.transient_bytes for m in own),
+                               max(m.update_bytes + accumulated - m.accumulated_bytes for m in own),
+                               _most_held(seq, stash)))
     return tuple(out)
 
 

@@ -16,6 +16,7 @@ import pytest
 from conftest import shardplan
 from spmd_check import assert_pipeline_matches
 from test_pipeline import SUB, _dp_hp, _mlp, _pipelined
+from test_pipeline_plan import SMALL
 
 from costmodel.hardware import preset_hardware
 from costmodel.pipeline import pipeline_cost, schedule_trace, simulate_schedule
@@ -177,15 +178,8 @@ def test_the_trace_has_a_track_per_device_and_names_the_stage():
 
 # ------------------------------------------------------------------- specs
 
-SPEC = """
-model:
-  builder: deep_mlp
-  args: {layers: 8, d_model: 64, batch: 64}
-  step: train
-  optimizer: sgd
-devices: 8
-hardware: V100-32GB
-mesh: {pipeline: 2, batch: 2, model: 2}
+# test_pipeline_plan's small step, 8 layers deep, on a pipeline of 2 devices.
+SPEC = SMALL.replace("layers: 4,", "layers: 8,") + """mesh: {pipeline: 2, batch: 2, model: 2}
 schedule: [{manual: {axis: batch, values: {x: 0}}}]
 """
 

@@ -188,24 +188,13 @@ def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
     compute, communication (by kind) and flops of one device of the busiest
     stage; the transfers are in the schedule's time, not in these. The
     kernel counts are every task's, once."""
-    work = [_device_work(cost, pipeline, d) for d in range(pipeline.devices)]
+    work = [cost.work(range(d, pipeline.stages, pipeline.devices), pipeline.microbatches)
+            for d in range(pipeline.devices)]
     compute, communication, flops, by_kind = max(work, key=lambda w: w[0] + w[1])
     kernels = sum(c.kernels for c in cost.tasks.values())
     fused = sum(c.fused_ops for c in cost.tasks.values())
     return Cost(cost.step_time_s, compute, communication, max(cost.peak_memory_bytes), cost.capacity_bytes,
                 flops, by_kind, dict(cost.collective_counts), kernels, fused)
-
-
-def _device_work(cost: PipelineCost, pipeline: Pipeline, device: int) -> tuple[float, float, int, dict[str, float]]:
-    """`PipelineCost.stage_work` summed over the stages the device runs."""
-    compute = communication = 0.0
-    flops, by_kind = 0, {}
-    for s in range(device, pipeline.stages, pipeline.devices):
-        c, m, f, kinds = cost.stage_work(s, pipeline.microbatches)
-        compute, communication, flops = compute + c, communication + m, flops + f
-        for kind, seconds in kinds.items():
-            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
-    return compute, communication, flops, by_kind
 
 
 def pipeline_json(pipeline: Pipeline, cost: PipelineCost) -> dict[str, Any]:
