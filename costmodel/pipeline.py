@@ -221,14 +221,14 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
                   chunks: int = 1) -> PipelineCost:
     """Step time, bubble and per-device peak memory of a pipelined step.
     `stage_map`: the stage of `pipeline` each stage of the step runs as (a
-    uniform pipeline folded to three stages, `ir.pipeline_fold`), and
+    pipeline folded to its distinct stages, `ir.pipeline_fold`), and
     `chunks` the step's stages per device; None: the pipeline's own stages
     and chunks. A stage receives what its stand-in receives."""
     if stage_map is None:
         stage_map, chunks, same_device = tuple(range(pipeline.stages)), pipeline.chunks, pipeline.same_device
     else:
-        # A folded step's transfers are between neighbours or the first and the last stage, on
-        # other devices whenever it is folded (`ir.pipeline_fold`: interleaved, 3 devices or more).
+        # A folded step's transfers stand for the step's between neighbours or the first and the last
+        # stage, on other devices whenever it is folded (`ir.pipeline_fold`: interleaved, 3 devices or more).
         def same_device(t: Transfer) -> bool:
             return False
     copies = Counter(stage_map)  # how many stages of the step each stage of `pipeline` stands for

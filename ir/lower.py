@@ -175,7 +175,7 @@ class _Lowering:
         self.env[result] = _Local(local, dims, self.sharding.mesh.ordered(partial), combiner)
 
     def run(self, keep: Sequence[int] | None = None, substitute: Mapping[Value, Value] | None = None,
-            whole: Collection[Value] = ()) -> Lowered:
+            whole: Collection[Value] = (), sent: Collection[Value] = ()) -> Lowered:
         """Lower every op, or only the ops `keep` (indices, in program order;
         see `lower_ops`)."""
         param_dims = []
@@ -198,6 +198,8 @@ class _Lowering:
                 if v in whole and self.env[v].partial:
                     raise LoweringError(f"{op.describe()}: %{v.name} is read with a pending partial sum")
             self.lower_op(i, op)
+            if op.results[0] in sent and self.env[op.results[0]].partial:
+                raise LoweringError(f"{op.describe()}: %{op.results[0].name} is sent with a pending partial sum")
         self.b.body[:] = [placed for op in self.b.body for placed in (op, *self.hoisted.get(op.results[0], ()))]
         results, result_dims = [], []
         for r in self.fn.results if keep is None else [r for r in self.fn.results if r in self.env]:
@@ -329,14 +331,15 @@ def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOption
 
 def lower_ops(fn: Function, nda: NDA, sharding: FactorSharding, keep: Sequence[int],
               substitute: Mapping[Value, Value], whole: Collection[Value] = (),
-              options: LowerOptions | None = None) -> Lowered:
+              options: LowerOptions | None = None, sent: Collection[Value] = ()) -> Lowered:
     """The device-local program of the ops `keep` of `fn` alone (indices in
     program order), every parameter kept: an operand made by an op left out
     is read as its stand-in `substitute[v]` stands (an earlier kept value
     lowered the same way); the results are those of `fn` the kept ops make.
-    A value in `whole` read with a pending partial sum raises LoweringError.
-    `ir.pipeline_fold` prices a uniform pipeline from three of its stages so."""
+    A value in `whole` read with a pending partial sum, or one in `sent` (read
+    by an op left out) made with one, raises LoweringError.
+    `ir.pipeline_fold` prices a pipeline from its distinct stages so."""
     if nda.function is not fn:
         raise LoweringError("the NDA was computed for a different function")
-    return _Lowering(fn, nda, sharding, options or LowerOptions()).run(keep, substitute, whole)
+    return _Lowering(fn, nda, sharding, options or LowerOptions()).run(keep, substitute, whole, sent)
 

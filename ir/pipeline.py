@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,11 +296,13 @@ def value_stages(fn: Function, forward_ops: int, origins: Mapping[str, str], sta
 
 
 def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values: set[str], stages: int,
-                   schedule: str = "gpipe", chunks: int = 1) -> Pipeline:
+                   schedule: str = "gpipe", chunks: int = 1, sent: Collection[str] = ()) -> Pipeline:
     """Cut one microbatch's device-local step (`lowered`, on `microbatch_mesh`)
     into the stages' tasks and transfers (module docstring). `stage_of`
     gives every global value's stage (`value_stages`), `forward_values` the
-    names the forward defines; `chunks`: stages per device."""
+    names the forward defines; `chunks`: stages per device; `sent`: values
+    their tasks return though no task here reads them (a folded pipeline's:
+    what a stage left out reads, `ir.pipeline_fold`)."""
     check_schedule(schedule, stages, chunks)
     mesh = lowered.function.mesh
     if not mesh.names or mesh.names[0] != MICRO:
@@ -319,6 +321,7 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
         placed.setdefault(w, []).append(i)
     made_by = {r: i for i in constant for r in body[i].results}
     wanted = set(results) | {t for t, _ in sums}  # every task returns what it makes of these
+    wanted |= {r for op in body for r in op.results if r.name in sent}
     tasks = []
     for s in range(stages):
         for phase in PHASES:

@@ -1,35 +1,41 @@
-"""A uniform pipeline priced from three of its stages.
+"""A pipeline priced from its distinct stages.
 
-A model of L equal layers cut into P stages of L / P layers has P - 2 inner
-stages that run the same tasks under other names: each receives the same
-values from its neighbours and sends the same values on. Lowering and
-cutting the whole step costs time in proportion to L; pricing it needs only
-the first stage, one inner stage and the last. `fold_pipeline` lowers those
-three alone (`ir.lower.lower_ops`) as a three-stage pipeline: the last stage
-reads what the inner stage makes in place of what stage P - 2 makes, and the
-inner stage's backward reads what the last stage sends back in place of what
-stage 2 sends. `costmodel.pipeline.pipeline_cost` then simulates the P
-stages, each inner one running the inner stage's tasks, and gives each
-stage the memory of its stand-in with its own microbatches in flight.
+A model of L equal layers cut into P stages has inner stages that run the
+same tasks under other names: each receives the same values from its
+neighbours and sends the same values on. Where P does not divide L they
+come in two sizes (128 layers over 12 stages: 11 or 10 layers), each a
+class of equal stages. Lowering and cutting the whole step costs time in
+proportion to L; pricing it needs only the first stage, one stage of each
+class and the last. `fold_pipeline` lowers those alone
+(`ir.lower.lower_ops`) as a shorter pipeline, each kept stage reading, in
+place of a value made by a stage left out, a stand-in: a value of equal
+type and sharding that a kept stage made earlier in the step (the same
+op's result in a kept stage of the left-out stage's class, or what another
+stage of the reader's class reads at the same op and operand from a kept
+stage). `costmodel.pipeline.pipeline_cost` then simulates the P stages,
+each running its class's kept stage's tasks, and gives each stage the
+memory of its stand-in with its own microbatches in flight.
 
-That is the whole step's price exactly when the inner stages are equal, and
-`fold_pipeline` proves it before folding, on the global program and its
-sharding: every inner stage has the same ops (kinds, attributes, result
-types, factor shardings, how many read each result) reading the same kinds
-of operands (their own earlier results by position, parameters by type and
-sharding, the k-th value received from the stage at the same offset, by
-type and sharding), and no value crosses a stage boundary with a pending
-partial sum (its state is then its sharding, which the comparison saw). A
-pipeline that is not so (layers that differ, a plan that shards some
-layers differently, a stage that reads from one further away) is not
-folded: the caller prices the whole one. tests/test_pipeline_fold.py checks
-the folded price against the whole one.
+That is the whole step's price exactly when the stages of a class are
+equal, and `fold_pipeline` proves it before folding, on the global program
+and its sharding: the stages of a class have the same ops (kinds,
+attributes, result types, factor shardings, how many read each result)
+reading the same kinds of operands (their own earlier results by position,
+parameters by type and sharding, the k-th value received from the stage
+at the same offset, by type and sharding), and no value crosses a stage
+boundary with a pending partial sum (its state is then its sharding, which
+the comparison saw). A backward that only a later stage of its own class
+could feed keeps that stage too. A pipeline with as many distinct stages
+as stages (a plan that shards each layer its own way) is not folded: the
+caller prices the whole one. tests/test_pipeline_fold.py checks the folded
+price against the whole one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from ir.core import Function, Mesh, Value, users
 from ir.lower import LoweringError, LowerOptions, lower_ops
@@ -38,13 +44,11 @@ from ir.nda import NDA
 from ir.pipeline import Pipeline, check_schedule, lower_pipeline, microbatch_sharding, value_stages
 from ir.sharding import Decision, FactorSharding
 
-FOLDED_STAGES = 3  # the first stage, one inner stage, the last
-
 
 @dataclass(frozen=True, slots=True)
 class Folded:
-    """A three-stage pipeline standing for a longer one: `stage_map[s]` is
-    the stage of `pipeline` that stage s of the step runs as, `chunks` the
+    """A shorter pipeline standing for a longer one: `stage_map[s]` is the
+    stage of `pipeline` that stage s of the step runs as, `chunks` the
     step's stages per device (interleaved)."""
 
     pipeline: Pipeline
@@ -56,13 +60,13 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
                   replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
                   chunks: int = 1) -> Folded | None:
-    """`ir.pipeline.pipeline_step`'s step folded to three stages (module
-    docstring), or None when its inner stages are not provably equal or it
-    has fewer than four stages (nothing to fold). Interleaved (`chunks` >
-    1), it folds on three devices or more, where every transfer the fold
-    keeps (between neighbours, or stage 1 or the first and the last) is
-    between two devices; on two, stage 1 and the last share a device."""
-    if stages <= FOLDED_STAGES or (chunks != 1 and stages // chunks < 3):
+    """`ir.pipeline.pipeline_step`'s step folded to its distinct stages
+    (module docstring), or None when no stage can be left out (fewer than
+    four stages, or every inner stage its own). Interleaved (`chunks` > 1),
+    it folds on three devices or more, where every transfer the fold keeps
+    stands for one between two devices; on two, stage 1 and the last share
+    a device."""
+    if stages <= 3 or (chunks != 1 and stages // chunks < 3):
         return None
     check_schedule(schedule, stages, chunks)
     fn = model.function
@@ -71,21 +75,21 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
                                              tuple(replicated)))
     if cut is None:
         return None
-    stage_of, keep, substitute, whole = cut
+    stage_of, kept, twin, keep, substitute, whole, sent = cut
     try:
-        lowered = lower_ops(fn, nda, sharding, keep, substitute, whole, options)
+        lowered = lower_ops(fn, nda, sharding, keep, substitute, whole, options, sent)
     except LoweringError:  # a value crosses a stage boundary with a pending partial sum
         return None
-    last = stages - 1
-    kept = {0, 1, last}
+    folded = {s: n for n, s in enumerate(kept)}
+    stand_in = [folded[s] if s in folded else folded[twin[s]] for s in range(stages)]
     params = {p.name for p in fn.params}
-    stand_in = {s: (0 if s == 0 else 2 if s == last else 1) for s in range(stages)}
-    three = {name: stand_in[s] for name, s in stage_of.items() if s in kept or name in params}
+    placed = {name: stand_in[s] for name, s in stage_of.items() if s in folded or name in params}
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
-    # The three stand-ins are no interleaved pipeline of their own: `pipeline_cost` runs the step's
+    # The kept stages are no interleaved pipeline of their own: `pipeline_cost` runs the step's
     # schedule over `stage_map` with `chunks`.
-    pipeline = lower_pipeline(lowered, three, forward, FOLDED_STAGES, "gpipe" if chunks > 1 else schedule)
-    return Folded(pipeline, tuple(stand_in[s] for s in range(stages)), chunks)
+    pipeline = lower_pipeline(lowered, placed, forward, len(kept), "gpipe" if chunks > 1 else schedule,
+                              sent={v.name for v in sent})
+    return Folded(pipeline, tuple(stand_in), chunks)
 
 
 _CUTS: dict[tuple, tuple] = {}  # the last few `_cut`s, by program identity and plan
@@ -93,28 +97,40 @@ _CUTS_KEPT = 8
 
 
 def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tuple) -> tuple | None:
-    """Where the fold cuts the step (the stage of every value, the ops kept,
-    the stand-ins, what must cross whole), or None when it cannot. It reads
-    the sharding's axes, not their sizes, so it is the same for every count
-    of microbatches: `choose_microbatches` prices several with one cut."""
+    """Where the fold cuts the step (the stage of every value, the stages
+    kept, each stage's first equal stage, the ops kept, the stand-ins, what
+    must cross whole, what a kept stage sends to one left out), or None when
+    it cannot. It reads the sharding's axes, not their sizes, so it is the
+    same for every count of microbatches: `choose_microbatches` prices
+    several with one cut."""
     fn = model.function
     key = (id(fn), id(nda), stages, plan)
     if key in _CUTS and _CUTS[key][0] is fn and _CUTS[key][1] is nda:
         return _CUTS[key][2]
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     members = _stage_members(fn, stage_of, stages)
-    substitute = _stand_ins(fn, stage_of, members) if _inner_stages_equal(fn, nda, sharding, stage_of,
-                                                                          members) else None
+    twin = _twins(fn, nda, sharding, stage_of, members)
+    picked = _stand_ins(fn, stage_of, members, twin)
     cut = None
-    if substitute is not None:
+    if picked is not None and len(picked[0]) < stages:
+        kept, substitute = picked
         last = stages - 1
-        keep = sorted(members[0] + members[1] + members[last])
+        keep = sorted(i for s in kept for i in members[s])
         # What crosses to or from an inner stage must cross whole: the inner stage then stands for all.
         # (Between the first and the last stage, a tied embedding's gradient crosses as a partial sum.)
         whole = {v for i in keep for v in fn.ops[i].operands if v not in fn.params
                  and stage_of[v.name] != stage_of[fn.ops[i].results[0].name]
                  and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
-        cut = (stage_of, keep, substitute, whole)
+        # What a kept stage sends to one left out: its task returns it, as the whole step's does. (What
+        # is made from weights and constants alone, each reader's task makes for itself, `ir.pipeline`.)
+        readers, varying = users(fn), {p for p in fn.params if p.name in model.inputs}
+        for op in fn.ops:
+            if any(v in varying for v in op.operands):
+                varying.update(op.results)
+        left_out = set(range(stages)).difference(kept)
+        sent = {r for i in keep for r in fn.ops[i].results
+                if r in varying and any(stage_of[op.results[0].name] in left_out for op in readers.get(r, ()))}
+        cut = (stage_of, kept, twin, keep, substitute, whole, sent)
     if len(_CUTS) >= _CUTS_KEPT:
         del _CUTS[next(iter(_CUTS))]
     _CUTS[key] = (fn, nda, cut)
@@ -129,9 +145,11 @@ def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> li
     return members
 
 
-def _inner_stages_equal(fn: Function, nda: NDA, sharding: FactorSharding, stage_of: Mapping[str, int],
-                        members: list[list[int]]) -> bool:
-    """Every inner stage's ops equal stage 1's but for names (module docstring)."""
+def _twins(fn: Function, nda: NDA, sharding: FactorSharding, stage_of: Mapping[str, int],
+           members: list[list[int]]) -> list[int]:
+    """Per stage, the first stage equal to it but for names (module
+    docstring): itself for the first and the last stage and for an inner
+    stage unlike every inner stage before it."""
     uses = {v: len(us) for v, us in users(fn).items()}
     results = set(fn.results)
     params = set(fn.params)
@@ -166,8 +184,9 @@ def _inner_stages_equal(fn: Function, nda: NDA, sharding: FactorSharding, stage_
             own[r] = q
         return tuple(body)
 
-    first = key(1)
-    return all(key(s) == first for s in range(2, len(members) - 1))
+    last = len(members) - 1
+    first_of: dict[tuple, int] = {}
+    return [s if s in (0, last) else first_of.setdefault(key(s), s) for s in range(len(members))]
 
 
 def _constants(fn: Function) -> dict[Value, int]:
@@ -180,31 +199,73 @@ def _constants(fn: Function) -> dict[Value, int]:
     return made
 
 
-def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int]]) -> dict[Value, Value] | None:
-    """For each value a kept stage reads from a stage left out, the kept
-    value read in its place: the last stage reads inner stage 1's value at
-    the position stage P - 2 made its own; stage 1's backward reads what
-    the last stage sends to stage P - 2 at the same op and operand. None
-    when a kept stage reads from a stage left out in another way."""
-    last = len(members) - 1
-    position = {fn.ops[i].results[0]: q for s in range(len(members)) for q, i in enumerate(members[s])}
-    substitute: dict[Value, Value] = {}
-    for s in (0, 1, last):
-        for q, i in enumerate(members[s]):
-            for a, v in enumerate(fn.ops[i].operands):
-                src = stage_of[v.name] if v in position else s
-                if src in (0, 1, last):
-                    continue
-                if s == last and src == last - 1:
-                    substitute[v] = fn.ops[members[1][position[v]]].results[0]
-                elif s == 1 and src == 2:
-                    w = fn.ops[members[last - 1][q]].operands[a]
-                    if w not in position or stage_of[w.name] != last:
-                        return None
-                    substitute[v] = w
-                else:
-                    return None
-    return substitute
+def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int]],
+              twin: Sequence[int]) -> tuple[list[int], dict[Value, Value]] | None:
+    """The stages kept (the first, the last and one of each class of equal
+    stages, `twin`, and any later stage a backward needs) and, for each value
+    a kept stage reads from a stage left out, the kept value read in its
+    place (module docstring); None when some read has no stand-in."""
+    stages = _Stages(fn, stage_of, members, twin)
+    kept = set(twin)
+    while True:
+        substitute: dict[Value, Value] = {}
+        for s, q, i, a, v, src in stages.reads_left_out(kept):
+            w = stages.stand_in(kept, s, q, i, a, v, src)
+            if w is None and src > s:  # a backward reads from the stage after: keep that stage too
+                kept.add(src)
+                break
+            if w is None or substitute.setdefault(v, w) is not w:
+                return None
+        else:
+            return sorted(kept), substitute
 
 
-__all__ = ["FOLDED_STAGES", "Folded", "fold_pipeline"]
+@dataclass(frozen=True)
+class _Stages:
+    """The step's ops by stage, for finding stand-ins."""
+
+    fn: Function
+    stage_of: Mapping[str, int]
+    members: list[list[int]]  # per stage, its ops in program order
+    twin: Sequence[int]  # per stage, the first stage equal to it
+
+    @cached_property
+    def made_at(self) -> dict[Value, int]:
+        return {op.results[0]: i for i, op in enumerate(self.fn.ops)}
+
+    @cached_property
+    def position(self) -> dict[Value, int]:
+        """Each op result's place among its stage's ops."""
+        return {self.fn.ops[i].results[0]: q for ops in self.members for q, i in enumerate(ops)}
+
+    def reads_left_out(self, kept: set[int]) -> Iterator[tuple[int, int, int, int, Value, int]]:
+        """(stage, place, op, operand, value, its stage) of every read by a kept stage from one left out."""
+        for s in sorted(kept):
+            for q, i in enumerate(self.members[s]):
+                for a, v in enumerate(self.fn.ops[i].operands):
+                    src = self.stage_of[v.name] if v in self.position else s
+                    if src not in kept:
+                        yield s, q, i, a, v, src
+
+    def stand_in(self, kept: set[int], s: int, q: int, i: int, a: int, v: Value, src: int) -> Value | None:
+        """A kept value standing for `v`, which op `i` (the q-th of stage `s`)
+        reads as operand `a` from the stage `src` left out: made before op
+        `i`, in a kept stage other than `s`, by the op at v's place in a kept
+        stage equal to `src`, or read at the same op and operand by a stage
+        equal to `s` from a kept stage at the same offset."""
+        fn, members, twin, made_at = self.fn, self.members, self.twin, self.made_at
+        at = self.position[v]
+        for r in sorted(kept):
+            if r != s and twin[r] == twin[src] and members[r][at] < i:
+                return fn.ops[members[r][at]].results[0]
+        for s2 in reversed(range(len(members))):
+            if s2 == s or twin[s2] != twin[s]:
+                continue
+            w = fn.ops[members[s2][q]].operands[a]
+            home = self.stage_of[w.name] if w in self.position else None
+            if home in kept and home != s and home - s2 == src - s and made_at[w] < i:
+                return w
+        return None
+
+
+__all__ = ["Folded", "fold_pipeline"]

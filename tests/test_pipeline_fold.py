@@ -1,11 +1,14 @@
-"""A uniform pipeline priced from three of its stages (`ir.pipeline_fold`)
-costs exactly what the whole pipeline costs: step time, every stage's
-memory, the collectives and the transfers; a pipeline whose inner stages
-differ is not folded."""
+"""A pipeline priced from its distinct stages (`ir.pipeline_fold`) costs
+exactly what the whole pipeline costs: step time, every stage's memory, the
+collectives and the transfers, whether its inner stages are all alike (a
+uniform pipeline: three stages) or come in two sizes (layers that the
+stages do not divide); a pipeline whose inner stages all differ is not
+folded."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 
@@ -79,6 +82,62 @@ def test_folded_price_is_the_whole_pipelines(layers, stages, k, tied, schedule_n
         assert priced.schedule.in_flight == exact.schedule.in_flight
         # Three stages lowered instead of P: fewer ops, the more so the deeper the pipeline.
         assert len(folded.pipeline.local.function.ops) < len(whole.local.function.ops)
+
+
+def _same_price(folded, whole, hardware, chunks=1):
+    exact = pipeline_cost(whole, hardware)
+    pipeline = folded.pipeline if chunks == 1 else dataclasses.replace(folded.pipeline, schedule="interleaved")
+    priced = pipeline_cost(pipeline, hardware, folded.stage_map, chunks)
+    assert priced.step_time_s == pytest.approx(exact.step_time_s, rel=1e-12)
+    assert priced.bubble_fraction == pytest.approx(exact.bubble_fraction, rel=1e-12)
+    assert priced.transfer_s == pytest.approx(exact.transfer_s, rel=1e-12)
+    assert priced.memory == exact.memory
+    assert dict(priced.collective_counts) == dict(exact.collective_counts)
+    assert priced.schedule.in_flight == exact.schedule.in_flight
+
+
+# (layers, stages): the stages' layer counts (`ir.pipeline.layer_stages`) and the stages the fold keeps.
+UNEVEN = [
+    (14, 8, (2, 2, 2, 1, 2, 2, 2, 1), (0, 1, 3, 4, 7)),  # stage 3's backward reads from stage 4: kept
+    (13, 7, (2, 2, 2, 2, 2, 2, 1), (0, 1, 6)),  # the inner stages alike: three, as a uniform pipeline
+    (11, 6, (2, 2, 2, 2, 2, 1), (0, 1, 5)),
+    (18, 8, (3, 2, 2, 2, 3, 2, 2, 2), (0, 1, 4, 5, 7)),
+]
+
+
+@pytest.mark.parametrize("layers, stages, sizes, kept", UNEVEN)
+@pytest.mark.parametrize("schedule_name", ["BP", "BP+MP+R"])
+def test_stages_of_two_sizes_fold_to_one_of_each(layers, stages, sizes, kept, schedule_name):
+    from ir.pipeline import layer_stages
+
+    assert tuple(Counter(layer_stages(range(layers), stages).values()).values()) == sizes
+    planned = plan_spec(_spec(layers, stages, 4), "none", schedule=schedule_name)
+    hardware = planned.spec.hardware_obj()
+    for schedule in ("gpipe", "1f1b"):
+        whole, folded = _both(planned, schedule)
+        assert folded is not None and folded.pipeline.stages == len(kept)
+        assert sorted(set(folded.stage_map)) == list(range(len(kept)))
+        assert [folded.stage_map[s] for s in kept] == list(range(len(kept)))  # a kept stage runs as itself
+        _same_price(folded, whole, hardware)
+
+
+def test_stages_that_all_need_keeping_are_not_folded():
+    # 12 layers over 5 stages: 3, 2, 3, 2, 2. Stage 2 (the only one of 3 layers inside) reads its backward
+    # from stage 3, which only stage 3 itself makes before it: every stage is kept, so none is left out.
+    planned = plan_spec(_spec(12, 5, 4), "none", schedule="BP")
+    assert _both(planned, "1f1b")[1] is None
+
+
+def test_interleaved_stages_of_two_sizes_fold():
+    # 18 layers as 4 devices x 2 chunks: stages of 3 and 2 layers.
+    planned = plan_spec(_spec(18, 4, 4), "none", schedule="BP+MP+R")
+    hardware, plan = planned.spec.hardware_obj(), planned.plan
+    args = dict(stages=8, microbatches=4, schedule="interleaved", resolutions=dict(plan.resolutions),
+                replicated=plan.replicated, chunks=2)
+    whole = pipeline_step(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    folded = fold_pipeline(planned.model, planned.nda, plan.mesh, plan.decisions, **args)
+    assert folded is not None and folded.pipeline.stages < 8
+    _same_price(folded, whole, hardware, chunks=2)
 
 
 @pytest.mark.parametrize("layers, devices, chunks, k, tied", [(16, 4, 2, 4, True), (16, 4, 2, 8, False),

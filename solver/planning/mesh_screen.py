@@ -4,7 +4,7 @@ already has, so that only the most promising few are searched.
 A search per mesh costs seconds to minutes at scale, and a thousand devices
 factor into a hundred meshes. The screen prices each mesh with the plans it
 can have without a search, by the same cost model the search answers with
-(a pipeline folded to three stages where it is uniform, `ir.pipeline_fold`):
+(a pipeline folded to its distinct stages, `ir.pipeline_fold`):
 
   - the spec's named schedules whose axes the mesh has (the published
     split names `data` and `model`, and applies to every mesh with those

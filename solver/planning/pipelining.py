@@ -77,9 +77,9 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
 
 def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
                    options: LowerOptions | None = None, microbatches: int | None = None) -> PipelineCost:
-    """`pipelined`'s cost, from the pipeline folded to three stages where
-    its inner stages are provably equal (`ir.pipeline_fold`: the same price
-    without lowering every layer), else from the whole one. What the floor,
+    """`pipelined`'s cost, from the pipeline folded to its distinct stages
+    where its inner stages are provably equal in classes (`ir.pipeline_fold`:
+    the same price without lowering every layer), else from the whole one. What the floor,
     the re-ranking and the choice of K price; the answer is made whole."""
     folded, microbatches = _staged(fold_pipeline, spec, model, nda, plan, hardware, options, microbatches)
     if folded is None:
