@@ -118,12 +118,13 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
         keep = sorted(i for s in kept for i in members[s])
         # What crosses to or from an inner stage must cross whole: the inner stage then stands for all.
         # (Between the first and the last stage, a tied embedding's gradient crosses as a partial sum.)
-        whole = {v for i in keep for v in fn.ops[i].operands if v not in fn.params
+        params = set(fn.params)
+        whole = {v for i in keep for v in fn.ops[i].operands if v not in params
                  and stage_of[v.name] != stage_of[fn.ops[i].results[0].name]
                  and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
         # What a kept stage sends to one left out: its task returns it, as the whole step's does. (What
         # is made from weights and constants alone, each reader's task makes for itself, `ir.pipeline`.)
-        readers, varying = users(fn), {p for p in fn.params if p.name in model.inputs}
+        readers, varying = users(fn), {p for p in params if p.name in model.inputs}
         for op in fn.ops:
             if any(v in varying for v in op.operands):
                 varying.update(op.results)

@@ -19,6 +19,9 @@ from ir.core import IRError, Mesh, Value
 from ir.nda import NDA
 from ir.sharding import Decision, FactorSharding, materialize
 
+_MATERIALIZED: dict[tuple, tuple[NDA, FactorSharding]] = {}  # (plan, NDA identity) -> (the NDA, its sharding)
+_MATERIALIZED_KEPT = 8
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -28,7 +31,18 @@ class Plan:
     replicated: tuple[tuple[int, str], ...] = field(default=())
 
     def materialize(self, nda: NDA) -> FactorSharding:
-        return materialize(nda, self.mesh, self.decisions, dict(self.resolutions), self.replicated)
+        """The plan's factor sharding of `nda`'s program, kept for the last few
+        plans: pricing one plan reads it several times (the microbatch counts,
+        the cost), and a large program's takes a tenth of a second or more."""
+        key = (self, id(nda))
+        known = _MATERIALIZED.get(key)
+        if known is not None and known[0] is nda:
+            return known[1]
+        sharding = materialize(nda, self.mesh, self.decisions, dict(self.resolutions), self.replicated)
+        if len(_MATERIALIZED) >= _MATERIALIZED_KEPT:
+            del _MATERIALIZED[next(iter(_MATERIALIZED))]
+        _MATERIALIZED[key] = (nda, sharding)
+        return sharding
 
     def with_decisions(self, *decisions: Decision) -> Plan:
         return Plan(self.mesh, self.decisions + decisions, self.resolutions, self.replicated)

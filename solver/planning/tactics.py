@@ -126,7 +126,8 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
 
 def _manual(nda: NDA, plan: Plan, tactic: Manual, where: str) -> Plan:
     _check_axis(plan.mesh, tactic.axis, where)
-    sharding = plan.materialize(nda)
+    # The plan so far is materialized only for a dimension chosen by it (`first_divisible`).
+    sharding = plan.materialize(nda) if any(dim == FIRST_DIVISIBLE for _, dim in tactic.values) else None
     pins: list[tuple[Value, int]] = []
     for pattern, dim in tactic.values:
         for v in _matching(nda, (pattern,), where):
