@@ -52,7 +52,7 @@ from ir.core import Function, IRError, Mesh, Op, TensorType, Value
 from ir.lower import Lowered, LowerOptions, lower
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.remat import layer_segments
+from ir.remat import layer_count, layer_segments
 from ir.sharding import Decision, FactorSharding, materialize
 from ir.text import print_function
 
@@ -251,15 +251,21 @@ def layer_stages(layers: Sequence[int] | Mapping[int, Any], stages: int) -> dict
     return {layer: n * stages // len(order) for n, layer in enumerate(order)}
 
 
+def check_stages(fn: Function, forward_ops: int, stages: int) -> None:
+    """A PipelineError unless `fn` has a layer for each of `stages` stages (cheap: the layers' outputs)."""
+    layers = layer_count(fn, forward_ops)
+    if stages < 1 or layers < stages:
+        raise PipelineError(f"{stages} pipeline stages need at least {stages} layers; @{fn.name} has "
+                            f"{layers} (values named layers.<l>.out)")
+
+
 def value_stages(fn: Function, forward_ops: int, origins: Mapping[str, str], stages: int) -> dict[str, int]:
     """The stage of every value `fn`'s ops define, and of every parameter
     (where its first reader is), by the rules of the module docstring."""
     if stages == 1:  # gradient accumulation: every value on the one stage, layers or none
         return {v.name: 0 for v in fn.params} | {r.name: 0 for op in fn.ops for r in op.results}
+    check_stages(fn, forward_ops, stages)
     segments = layer_segments(fn, forward_ops)
-    if stages < 1 or len(segments) < stages:
-        raise PipelineError(f"{stages} pipeline stages need at least {stages} layers; @{fn.name} has "
-                            f"{len(segments)} (values named layers.<l>.out)")
     layer_stage = layer_stages(segments, stages)
     op_layer = {i: layer for layer, members in segments.items() for i in members}
     stage: dict[str, int] = {}

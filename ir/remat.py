@@ -34,6 +34,11 @@ _LAYER_OUT = re.compile(r"layers\.(\d+)\.out")
 _LAYER_PARAM = re.compile(r"layers\.\d+\.")
 
 
+def layer_count(fn: Function, forward_ops: int) -> int:
+    """How many layers `layer_segments` finds (its layer outputs), without finding their ops."""
+    return len({int(m[1]) for op in fn.ops[:forward_ops] for r in op.results if (m := _LAYER_OUT.fullmatch(r.name))})
+
+
 def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]:
     """Layer index -> the indices of its forward ops (see the module docstring),
     among the first `forward_ops` ops of `fn`."""

@@ -42,7 +42,7 @@ from ir import ops
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.pipeline import Pipeline, PipelineError, bubble_fraction, microbatch_nda, pipeline_step
+from ir.pipeline import Pipeline, PipelineError, bubble_fraction, check_stages, microbatch_nda, pipeline_step
 from ir.pipeline_fold import fold_pipeline
 from solver.plan import Plan
 from solver.planning.spec import Spec, SpecError
@@ -92,6 +92,11 @@ def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: 
     """`make` (`pipeline_step` or `fold_pipeline`) on the spec's stages under
     `plan` with `microbatches` (`pipelined`'s default), and the count; a
     PipelineError as the spec's error."""
+    try:  # before anything is materialized: a mesh search's screen meets many meshes of more stages than layers
+        if spec.stages * spec.chunks > 1:
+            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
+    except PipelineError as exc:
+        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
     if microbatches is None and spec.microbatches_auto:
         microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
     try:
