@@ -14,7 +14,7 @@ from conftest import shardplan
 from solver.planning.mesh_screen import screen_mesh
 from solver.planning.meshes import candidate_meshes, mesh_spec, plan_meshes
 from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
-from solver.planning.planner import prepare
+from solver.planning.planner import complete, prepare
 from solver.planning.tactics import apply_schedule
 
 GPT = """
@@ -152,4 +152,21 @@ def test_a_pipelined_mesh_is_searched_with_its_screens_microbatches(screened):
     assert pipelined  # the fixture searches a pipelined mesh
     for t in pipelined:
         assert t.planned.spec.microbatches == t.screened.microbatches
-        assert t.planned.pipeline.microbatches == t.screened.microbatches
+        assert t.planned.pipeline_cost.microbatches == t.screened.microbatches
+
+
+def test_only_the_best_meshs_pipeline_is_made_whole(screened):
+    """The other searched meshes keep the folded price their search compared
+    (`plan_spec(..., whole=False)`); made whole, it is the same price."""
+    _, search = screened
+    assert search.best.lowered is not None and [t for t in search.tried if t.planned is search.best]
+    others = [t.planned for t in search.tried if t.planned is not None and t.planned is not search.best]
+    pipelined = [p for p in others if p.spec.pipelined]
+    assert pipelined  # the fixture searches a pipelined mesh that is not the answer
+    for planned in pipelined:
+        assert planned.lowered is None and planned.pipeline is None
+        whole = complete(planned)
+        assert whole.lowered is not None and whole.pipeline is not None
+        assert whole.assessment.cost.step_time_s == pytest.approx(planned.assessment.cost.step_time_s, rel=1e-12)
+        assert whole.assessment.cost.peak_memory_bytes == planned.assessment.cost.peak_memory_bytes
+        assert whole.pipeline.microbatches == planned.pipeline_cost.microbatches

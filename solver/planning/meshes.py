@@ -28,6 +28,7 @@ mesh is screened first and the best are searched (`_Meshes.screen_and_search`,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -41,7 +42,7 @@ from ir.pipeline import PIPELINE
 from solver.plan import Plan
 from solver.planning.floor import manual_schedules
 from solver.planning.mesh_screen import Screened, screen_mesh
-from solver.planning.planner import Planned, Prepared, SearchOverrides, plan_spec, prepare
+from solver.planning.planner import Planned, Prepared, SearchOverrides, complete, plan_spec, prepare
 from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
 
@@ -214,7 +215,10 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         raise NoPlanFits(f"{filename}: mesh search: no plan fits on any of the {len(rows)} meshes of "
                          f"{devices} devices; " + "; ".join(f"{t.shape}: {t.message}" for t in rows))
     best = min(fitting, key=lambda t: t.step_time_s)  # the first in enumeration order on a tie
-    return MeshSearch(devices, rows, best.planned)
+    # Only the answer's pipeline is made whole (lowered, every stage cut): the other meshes' prices are the
+    # folded ones their searches compared, the same prices (`ir.pipeline_fold`).
+    answer = complete(best.planned, options)
+    return MeshSearch(devices, tuple(dataclasses.replace(t, planned=answer) if t is best else t for t in rows), answer)
 
 
 def _distinct(data: dict[str, Any], candidates: list, filename: str) -> list[tuple[tuple, Spec]]:
@@ -259,7 +263,7 @@ class _Meshes:
             hint, hint_remat = screened.plan, screened.remat
         try:
             planned = plan_spec(spec, self.solver, self.options, self.overrides, self.progress, built=self.built,
-                                hint=hint, hint_remat=hint_remat)
+                                hint=hint, hint_remat=hint_remat, whole=False)
             message = planned.search[-1].message if planned.search else ""
         except (NoPlanFits, SpecError) as exc:  # SpecError: this mesh cannot run the step (more stages than layers)
             planned, message = None, str(exc).removeprefix(f"{self.filename}: ")

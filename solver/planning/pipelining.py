@@ -187,14 +187,16 @@ def with_schedule(pipeline: Pipeline, hardware: Hardware, schedule: str | None,
     return chosen, cost
 
 
-def as_cost(pipeline: Pipeline, cost: PipelineCost) -> Cost:
+def as_cost(cost: PipelineCost) -> Cost:
     """The pipelined step as a `Cost`, for every report that reads one: the
     simulated schedule's step time, the largest stage's peak, and the
     compute, communication (by kind) and flops of one device of the busiest
     stage; the transfers are in the schedule's time, not in these. The
-    kernel counts are every task's, once."""
-    work = [cost.work(range(d, pipeline.stages, pipeline.devices), pipeline.microbatches)
-            for d in range(pipeline.devices)]
+    kernel counts are every task's, once. (The stages are those of the
+    tasks, the devices those of the memory: a folded pipeline's cost is
+    the step's, `ir.pipeline_fold`.)"""
+    stages, devices = 1 + max(s for s, _ in cost.tasks), len(cost.memory)
+    work = [cost.work(range(d, stages, devices), cost.microbatches) for d in range(devices)]
     compute, communication, flops, by_kind = max(work, key=lambda w: w[0] + w[1])
     kernels = sum(c.kernels for c in cost.tasks.values())
     fused = sum(c.fused_ops for c in cost.tasks.values())

@@ -52,7 +52,7 @@ class Planned:
     nda: NDA
     plan: Plan
     sharding: FactorSharding
-    lowered: Lowered
+    lowered: Lowered | None  # None: priced, not yet lowered (`plan_spec(..., whole=False)`, `complete`)
     assessment: Assessment
     seconds: dict[str, float]
     search: tuple[Any, ...] = ()  # the backends' reports (cpsat.SolveReport, mcts.MctsReport), one per auto tactic
@@ -126,7 +126,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
               overrides: SearchOverrides | None = None, progress: Progress = SILENT,
               schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None,
               floor: bool = True, built: dict[tuple[str, ...], Prepared] | None = None,
-              hint_remat: tuple[str, ...] | None = None) -> Planned:
+              hint_remat: tuple[str, ...] | None = None, whole: bool = True) -> Planned:
     """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
     None: the default, see `Spec.schedule_name`) and lower the plan.
     `solver="none"` runs the schedule as written (its auto tactics with their
@@ -141,9 +141,12 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     by rematerialized layers, shared with other calls on the same model
     (a mesh search's meshes) and filled as they are built.
     `floor`: a fully automatic search starts from, and never answers worse
-    than, the fastest named schedule that fits (`solver.planning.floor`)."""
+    than, the fastest named schedule that fits (`solver.planning.floor`).
+    Not `whole`: a pipelined answer is priced folded, as the search priced
+    it, and not lowered (`lowered` and `pipeline` None) until `complete`
+    makes it whole (a mesh search lowers only its best mesh's)."""
     remat = spec.remat(schedule)
-    programs = _Programs(spec, prepared, built)
+    programs = _Programs(spec, prepared, built, whole)
     experts = None
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
@@ -183,8 +186,8 @@ class _Programs:
     """The spec's programs by rematerialized layers, each built once, and
     their cost tables, one per hardware: shared by the floor and the search."""
 
-    def __init__(self, spec: Spec, prepared: Prepared | None, built: dict | None = None) -> None:
-        self.spec = spec
+    def __init__(self, spec: Spec, prepared: Prepared | None, built: dict | None = None, whole: bool = True) -> None:
+        self.spec, self.whole = spec, whole  # whole: answers are lowered and their pipelines made whole
         self.built = {} if built is None else built
         if prepared is not None:
             self.built.setdefault(prepared.remat, prepared)
@@ -313,18 +316,38 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     sharding = plan.materialize(planning)
     seconds["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    lowered = lower(model.function, nda, sharding, options or LowerOptions())
-    seconds["lower"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    pipeline, pipeline_cost = programs.pipelined(remat, plan, options) if spec.pipelined else (None, None)
+    if spec.pipelined and not programs.whole:  # priced as the search priced it (folded); `complete` makes it whole
+        lowered, pipeline, pipeline_cost = None, None, programs.priced(remat, plan, options)
+    else:
+        lowered = lower(model.function, nda, sharding, options or LowerOptions())
+        seconds["lower"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pipeline, pipeline_cost = programs.pipelined(remat, plan, options) if spec.pipelined else (None, None)
     assessment = Assessment(
-        cost=evaluate(lowered.function, hardware) if pipeline is None else as_cost(pipeline, pipeline_cost),
+        cost=evaluate(lowered.function, hardware) if pipeline_cost is None else as_cost(pipeline_cost),
         baseline=prepared.baseline,
         ideal_step_time_s=ideal_step_time_s(model.function, spec.mesh_obj().num_devices, hardware),
     )
     seconds["cost"] = time.perf_counter() - t0
     return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports),
                    spec.schedule_name(schedule), remat, pipeline=pipeline, pipeline_cost=pipeline_cost)
+
+
+def complete(planned: Planned, options: LowerOptions | None = None) -> Planned:
+    """A plan priced but not made whole (`plan_spec(..., whole=False)`: a
+    pipelined mesh of a mesh search) with its device-local program and its
+    whole pipeline, as `plan_spec` answers; the same plan as it is."""
+    if planned.lowered is not None:
+        return planned
+    spec, t0 = planned.spec, time.perf_counter()
+    lowered = lower(planned.model.function, planned.nda, planned.sharding, options or LowerOptions())
+    t1 = time.perf_counter()
+    k = planned.pipeline_cost.microbatches if spec.microbatches_auto else None
+    pipeline, cost = pipelined(spec, planned.model, planned.nda, planned.plan, spec.hardware_obj(), options,
+                               microbatches=k)
+    seconds = {**planned.seconds, "lower": t1 - t0, "cost": time.perf_counter() - t1}
+    return dataclasses.replace(planned, lowered=lowered, pipeline=pipeline, pipeline_cost=cost, seconds=seconds,
+                               assessment=dataclasses.replace(planned.assessment, cost=as_cost(cost)))
 
 
 def _schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
