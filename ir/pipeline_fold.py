@@ -210,15 +210,16 @@ def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int
     kept = set(twin)
     while True:
         substitute: dict[Value, Value] = {}
+        needed = set()
         for s, q, i, a, v, src in stages.reads_left_out(kept):
             w = stages.stand_in(kept, s, q, i, a, v, src)
             if w is None and src > s:  # a backward reads from the stage after: keep that stage too
-                kept.add(src)
-                break
-            if w is None or substitute.setdefault(v, w) is not w:
+                needed.add(src)
+            elif w is None or substitute.setdefault(v, w) is not w:
                 return None
-        else:
+        if not needed:
             return sorted(kept), substitute
+        kept |= needed
 
 
 @dataclass(frozen=True)
