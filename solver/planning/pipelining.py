@@ -79,8 +79,9 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
                    options: LowerOptions | None = None, microbatches: int | None = None) -> PipelineCost:
     """`pipelined`'s cost, from the pipeline folded to its distinct stages
     where its inner stages are provably equal in classes (`ir.pipeline_fold`:
-    the same price without lowering every layer), else from the whole one. What the floor,
-    the re-ranking and the choice of K price; the answer is made whole."""
+    the same price without lowering every layer), else from the whole one.
+    What the floor, the re-ranking and the choice of K price; the answer is
+    made whole (a mesh search's, only its best mesh's: `planner.complete`)."""
     folded, microbatches = _staged(fold_pipeline, spec, model, nda, plan, hardware, options, microbatches)
     if folded is None:
         return pipelined(spec, model, nda, plan, hardware, options, microbatches)[1]
