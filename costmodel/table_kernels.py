@@ -57,16 +57,12 @@ class FusedKernels:
         fusion = fuse(t.fn)
         self.fused = np.zeros(len(t.fn.ops), dtype=bool)
         self.kernels: list[_Kernel] = []
-        self.kernel_of_edge = np.full(len(t.edge_op_of), -1, dtype=np.int64)
         signatures: dict[tuple, int] = {}
         for members in fusion.kernels:
             if len(members) < 2:
                 continue
-            k = len(self.kernels)
             self.fused[list(members)] = True
             self.kernels.append(self._kernel(members, signatures))
-            for _, _, edges in self.kernels[-1].links:
-                self.kernel_of_edge[list(edges)] = k
         # Every kernel's I-classes in one matrix, padded with the sentinel I-class (code 0 in every plan):
         # one gather and a few 1-D np.unique per evaluation, rather than one 2-D np.unique per width.
         width = max((len(k.iclasses) for k in self.kernels), default=1)
@@ -132,7 +128,7 @@ class FusedKernels:
         the pieces' count and how many ops run inside a piece of several."""
         if not self.kernels:
             return 0, 0, 0
-        is_cut = np.zeros(len(self.kernel_of_edge), dtype=bool)
+        is_cut = np.zeros(len(self.t.edge_op_of), dtype=bool)
         is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
         broken: dict[int, list[int]] = {}  # per cut kernel, the positions of its links a collective breaks
         for link in np.unique(self.link_ids[is_cut[self.link_edges]]).tolist():

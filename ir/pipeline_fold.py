@@ -109,7 +109,8 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
         return _CUTS[key][2]
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     members = _stage_members(fn, stage_of, stages)
-    twin = _twins(fn, nda, sharding, stage_of, members)
+    readers = users(fn)
+    twin = _twins(fn, nda, sharding, stage_of, members, readers)
     picked = _stand_ins(fn, stage_of, members, twin)
     cut = None
     if picked is not None and len(picked[0]) < stages:
@@ -124,7 +125,7 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
                  and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
         # What a kept stage sends to one left out: its task returns it, as the whole step's does. (What
         # is made from weights and constants alone, each reader's task makes for itself, `ir.pipeline`.)
-        readers, varying = users(fn), {p for p in params if p.name in model.inputs}
+        varying = {p for p in params if p.name in model.inputs}
         for op in fn.ops:
             if any(v in varying for v in op.operands):
                 varying.update(op.results)
@@ -147,11 +148,12 @@ def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> li
 
 
 def _twins(fn: Function, nda: NDA, sharding: FactorSharding, stage_of: Mapping[str, int],
-           members: list[list[int]]) -> list[int]:
+           members: list[list[int]], readers: Mapping[Value, list]) -> list[int]:
     """Per stage, the first stage equal to it but for names (module
     docstring): itself for the first and the last stage and for an inner
-    stage unlike every inner stage before it."""
-    uses = {v: len(us) for v, us in users(fn).items()}
+    stage unlike every inner stage before it. `readers`: each value's
+    readers (`ir.core.users`)."""
+    uses = {v: len(us) for v, us in readers.items()}
     results = set(fn.results)
     params = set(fn.params)
     constant = _constants(fn)

@@ -93,15 +93,13 @@ def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: 
     """`make` (`pipeline_step` or `fold_pipeline`) on the spec's stages under
     `plan` with `microbatches` (`pipelined`'s default), and the count; a
     PipelineError as the spec's error."""
-    try:  # before anything is materialized: a mesh search's screen meets many meshes of more stages than layers
-        if spec.stages * spec.chunks > 1:
-            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
-    except PipelineError as exc:
-        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
-    if microbatches is None and spec.microbatches_auto:
-        microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
+    stages = spec.stages * spec.chunks
     try:
-        return make(model, nda, plan.mesh, plan.decisions, stages=spec.stages * spec.chunks,
+        if stages > 1:  # before anything is materialized: a mesh search meets many meshes of more stages than layers
+            check_stages(model.function, model.forward_ops, stages)
+        if microbatches is None and spec.microbatches_auto:
+            microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
+        return make(model, nda, plan.mesh, plan.decisions, stages=stages,
                     microbatches=microbatches or spec.microbatch_count,
                     schedule="interleaved" if spec.chunks > 1 else "gpipe", resolutions=dict(plan.resolutions),
                     replicated=plan.replicated, options=options, chunks=spec.chunks), microbatches

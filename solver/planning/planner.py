@@ -202,10 +202,8 @@ class _Programs:
         key = (remat, plan, options)
         if key not in self.pipelines:
             program = self(remat)
-            # With `microbatches: auto`, the K its pricing chose (choosing again prices every K again).
-            k = self.priced(remat, plan, options).microbatches if self.spec.microbatches_auto else None
-            self.pipelines[key] = pipelined(self.spec, program.model, program.nda, plan, self.spec.hardware_obj(),
-                                            options, microbatches=k)
+            self.pipelines[key] = _made_whole(self.spec, program.model, program.nda, plan,
+                                              self.priced(remat, plan, options), options)
         return self.pipelines[key]
 
     def priced(self, remat: tuple[str, ...], plan: Plan, options: LowerOptions | None) -> PipelineCost:
@@ -342,12 +340,19 @@ def complete(planned: Planned, options: LowerOptions | None = None) -> Planned:
     spec, t0 = planned.spec, time.perf_counter()
     lowered = lower(planned.model.function, planned.nda, planned.sharding, options or LowerOptions())
     t1 = time.perf_counter()
-    k = planned.pipeline_cost.microbatches if spec.microbatches_auto else None
-    pipeline, cost = pipelined(spec, planned.model, planned.nda, planned.plan, spec.hardware_obj(), options,
-                               microbatches=k)
+    pipeline, cost = _made_whole(spec, planned.model, planned.nda, planned.plan, planned.pipeline_cost, options)
     seconds = {**planned.seconds, "lower": t1 - t0, "cost": time.perf_counter() - t1}
     return dataclasses.replace(planned, lowered=lowered, pipeline=pipeline, pipeline_cost=cost, seconds=seconds,
                                assessment=dataclasses.replace(planned.assessment, cost=as_cost(cost)))
+
+
+def _made_whole(spec: Spec, model: Model, nda: NDA, plan: Plan, priced: PipelineCost,
+                options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
+    """The pipelined step of `plan`, whole, priced as `priced` was: with
+    `microbatches: auto`, the K its pricing chose (choosing again would
+    price every K again)."""
+    k = priced.microbatches if spec.microbatches_auto else None
+    return pipelined(spec, model, nda, plan, spec.hardware_obj(), options, microbatches=k)
 
 
 def _schedule(spec: Spec, name: str | None, solver: str, overrides: SearchOverrides,
