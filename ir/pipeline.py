@@ -201,14 +201,17 @@ def microbatch_nda(nda: NDA, inputs: Sequence[str], microbatches: int) -> NDA:
 def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
                   replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
-                  chunks: int = 1) -> Pipeline:
+                  chunks: int = 1, sharding: FactorSharding | None = None) -> Pipeline:
     """The pipelined step of a training step `model` (its NDA `nda`): each
     stage on `mesh`, sharded by `decisions` (with `resolutions` and
     `replicated`, as `ir.sharding.materialize` takes them), the batch split
     into `microbatches`; `stages` / `chunks` devices along the pipeline
-    axis, each running `chunks` stages (the interleaved schedule)."""
+    axis, each running `chunks` stages (the interleaved schedule).
+    `sharding`: the microbatch's, where the caller has it already
+    (`microbatch_sharding` of the same arguments)."""
     fn = model.function
-    sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
+    if sharding is None:
+        sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
     pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule, chunks)

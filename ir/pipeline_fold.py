@@ -59,18 +59,19 @@ class Folded:
 def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decision], *, stages: int,
                   microbatches: int, schedule: str = "gpipe", resolutions: Mapping[int, int] | None = None,
                   replicated: Sequence[tuple[int, str]] = (), options: LowerOptions | None = None,
-                  chunks: int = 1) -> Folded | None:
+                  chunks: int = 1, sharding: FactorSharding | None = None) -> Folded | None:
     """`ir.pipeline.pipeline_step`'s step folded to its distinct stages
     (module docstring), or None when no stage can be left out (fewer than
     four stages, or every inner stage its own). Interleaved (`chunks` > 1),
     it folds on three devices or more, where every transfer the fold keeps
     stands for one between two devices; on two, stage 1 and the last share
-    a device."""
+    a device. `sharding`: as `pipeline_step` takes it."""
     if stages <= 3 or (chunks != 1 and stages // chunks < 3):
         return None
     check_schedule(schedule, stages, chunks)
     fn = model.function
-    sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
+    if sharding is None:
+        sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
     cut = _cut(model, nda, sharding, stages, (tuple(decisions), tuple(sorted((resolutions or {}).items())),
                                              tuple(replicated)))
     if cut is None:

@@ -156,4 +156,7 @@ def materialize(
             _spread(nda, decision.only, claim)
         else:
             take(decision.only, decision.axis, size)
-    return FactorSharding(mesh, tuple(tuple(a) for a in axes))
+    # One tuple per distinct assignment, shared by its I-classes: a large program's shardings are kept
+    # (the planner's caches), and most of its I-classes are unsharded or take the same one or two axes.
+    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+    return FactorSharding(mesh, tuple(shared.setdefault(t, t) for t in map(tuple, axes)))

@@ -176,3 +176,28 @@ def test_microbatches_need_a_training_step_and_are_given_once():
     with pytest.raises(SpecError, match="given twice"):
         parse_spec(SPEC.format(extra="microbatches: 2\npipeline: {microbatches: 2}").replace(
             "{data: 4, model: 2}", "{pipeline: 2, data: 2, model: 2}"), "p.yaml")
+
+
+def test_plans_that_shard_alike_are_priced_once(monkeypatch):
+    # CP-SAT's best few plans often differ only in decisions that split nothing more; the re-ranking,
+    # the floor and the choice of K then price the same step. It is lowered once per microbatch sharding
+    # and count, and the price is the one priced afresh.
+    import solver.planning.pipelining as pipelining
+
+    spec = _spec("microbatches: auto")
+    planned = plan_spec(spec, schedule="DP+MP")
+    model, nda, plan, hardware = planned.model, planned.nda, planned.plan, spec.hardware_obj()
+    alike = plan.with_decisions(plan.decisions[0])  # taken already: the same sharding
+    assert alike != plan and alike.materialize(nda) == plan.materialize(nda)
+    lowered = []
+    real = pipelining.pipeline_step
+    monkeypatch.setattr(pipelining, "pipeline_step", lambda *a, **kw: lowered.append(kw["microbatches"])
+                        or real(*a, **kw))
+    monkeypatch.setattr(pipelining, "_PRICED", {})
+    once = pipelining.pipelined_cost(spec, model, nda, plan, hardware, microbatches=2)
+    again = pipelining.pipelined_cost(spec, model, nda, alike, spec.hardware_obj(), microbatches=2)
+    other = pipelining.pipelined_cost(spec, model, nda, alike, hardware, microbatches=4)
+    assert again is once and lowered == [2, 4]
+    monkeypatch.setattr(pipelining, "_PRICED", {})
+    assert pipelining.pipelined_cost(spec, model, nda, alike, hardware, microbatches=2) == once
+    assert pipelining.pipelined_cost(spec, model, nda, plan, hardware, microbatches=4) == other != once

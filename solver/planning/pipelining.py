@@ -42,8 +42,17 @@ from ir import ops
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
-from ir.pipeline import Pipeline, PipelineError, bubble_fraction, check_stages, microbatch_nda, pipeline_step
+from ir.pipeline import (
+    Pipeline,
+    PipelineError,
+    bubble_fraction,
+    check_stages,
+    microbatch_nda,
+    microbatch_sharding,
+    pipeline_step,
+)
 from ir.pipeline_fold import fold_pipeline
+from ir.sharding import FactorSharding
 from solver.plan import Plan
 from solver.planning.spec import Spec, SpecError
 
@@ -71,8 +80,15 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
     """The spec's pipelined step under `plan` (which shards each stage), with
     `microbatches` (default: the spec's, or with `microbatches: auto` the
     best count for the plan, `choose_microbatches`), and its cost."""
-    pipeline, _ = _staged(pipeline_step, spec, model, nda, plan, hardware, options, microbatches)
+    microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches)
+    pipeline = _staged(pipeline_step, spec, model, nda, plan, options, microbatches, sharding)
     return with_schedule(pipeline, hardware, spec.pipeline_schedule)
+
+
+_PRICED: dict[tuple, tuple] = {}  # the last few `pipelined_cost`s, by program identity and microbatch sharding
+_PRICED_KEPT = 16  # every count `choose_microbatches` prices for one plan (the re-ranked plans often shard alike)
+_MICROBATCH_SHARDINGS: dict[tuple, tuple] = {}  # the last few microbatch shardings, by plan, K and program identity
+_MICROBATCH_SHARDINGS_KEPT = 4
 
 
 def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
@@ -81,28 +97,65 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     where its inner stages are provably equal in classes (`ir.pipeline_fold`:
     the same price without lowering every layer), else from the whole one.
     What the floor, the re-ranking and the choice of K price; the answer is
-    made whole (a mesh search's, only its best mesh's: `planner.complete`)."""
-    folded, microbatches = _staged(fold_pipeline, spec, model, nda, plan, hardware, options, microbatches)
+    made whole (a mesh search's, only its best mesh's: `planner.complete`).
+
+    The last few prices are kept by what they follow from: the program, the
+    hardware, the stages, K and the microbatch's factor sharding. Plans
+    that differ in decisions but shard alike (CP-SAT's best few often do:
+    a decision on a color nothing of the program splits) are priced once."""
+    microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches)
+    key = (id(model), id(nda), spec.stages, spec.chunks, spec.pipeline_schedule, microbatches, options, sharding)
+    known = _PRICED.get(key)  # (the hardware is made anew per call, `Spec.hardware_obj`: it is compared)
+    if known is not None and known[0] is model and known[1] is nda and known[2] == hardware:
+        return known[3]
+    folded = _staged(fold_pipeline, spec, model, nda, plan, options, microbatches, sharding)
     if folded is None:
-        return pipelined(spec, model, nda, plan, hardware, options, microbatches)[1]
-    return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
+        pipeline = _staged(pipeline_step, spec, model, nda, plan, options, microbatches, sharding)
+        cost = with_schedule(pipeline, hardware, spec.pipeline_schedule)[1]
+    else:
+        cost = with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
+    if len(_PRICED) >= _PRICED_KEPT:
+        del _PRICED[next(iter(_PRICED))]
+    _PRICED[key] = (model, nda, hardware, cost)
+    return cost
 
 
-def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-            options: LowerOptions | None, microbatches: int | None) -> tuple[Any, int | None]:
-    """`make` (`pipeline_step` or `fold_pipeline`) on the spec's stages under
-    `plan` with `microbatches` (`pipelined`'s default), and the count; a
-    PipelineError as the spec's error."""
-    stages = spec.stages * spec.chunks
+def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                  options: LowerOptions | None, microbatches: int | None) -> tuple[int, FactorSharding]:
+    """The count of microbatches `plan` runs with (`pipelined`'s default) and
+    one microbatch's factor sharding (`ir.pipeline.microbatch_sharding`,
+    kept for the last few: choosing K prices the count it then returns);
+    a PipelineError as the spec's error."""
     try:
-        if stages > 1:  # before anything is materialized: a mesh search meets many meshes of more stages than layers
-            check_stages(model.function, model.forward_ops, stages)
+        if spec.stages * spec.chunks > 1:  # before anything is materialized: a mesh search meets many meshes
+            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)  # of more stages than layers
         if microbatches is None and spec.microbatches_auto:
             microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
-        return make(model, nda, plan.mesh, plan.decisions, stages=stages,
-                    microbatches=microbatches or spec.microbatch_count,
-                    schedule="interleaved" if spec.chunks > 1 else "gpipe", resolutions=dict(plan.resolutions),
-                    replicated=plan.replicated, options=options, chunks=spec.chunks), microbatches
+        microbatches = microbatches or spec.microbatch_count
+        key = (plan, microbatches, id(model), id(nda))
+        known = _MICROBATCH_SHARDINGS.get(key)
+        if known is not None and known[0] is model and known[1] is nda:
+            return microbatches, known[2]
+        sharding = microbatch_sharding(model, nda, plan.mesh, plan.decisions, microbatches,
+                                       dict(plan.resolutions), plan.replicated)
+    except PipelineError as exc:
+        raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    if len(_MICROBATCH_SHARDINGS) >= _MICROBATCH_SHARDINGS_KEPT:
+        del _MICROBATCH_SHARDINGS[next(iter(_MICROBATCH_SHARDINGS))]
+    _MICROBATCH_SHARDINGS[key] = (model, nda, sharding)
+    return microbatches, sharding
+
+
+def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan,
+            options: LowerOptions | None, microbatches: int, sharding: FactorSharding) -> Any:
+    """`make` (`pipeline_step` or `fold_pipeline`) on the spec's stages under
+    `plan` with `microbatches` of one microbatch's `sharding`; a
+    PipelineError as the spec's error."""
+    try:
+        return make(model, nda, plan.mesh, plan.decisions, stages=spec.stages * spec.chunks,
+                    microbatches=microbatches, schedule="interleaved" if spec.chunks > 1 else "gpipe",
+                    resolutions=dict(plan.resolutions), replicated=plan.replicated, options=options,
+                    chunks=spec.chunks, sharding=sharding)
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
 
