@@ -87,6 +87,7 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
 
 _PRICED: dict[tuple, tuple] = {}  # the last few `pipelined_cost`s, by program identity and microbatch sharding
 _PRICED_KEPT = 16  # every count `choose_microbatches` prices for one plan (the re-ranked plans often shard alike)
+_PRICED_RUNS = 100_000  # and at most this many schedule runs held (about 15 MB)
 _MICROBATCH_SHARDINGS: dict[tuple, tuple] = {}  # the last few microbatch shardings, by plan, K and program identity
 _MICROBATCH_SHARDINGS_KEPT = 4
 
@@ -114,9 +115,10 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
         cost = with_schedule(pipeline, hardware, spec.pipeline_schedule)[1]
     else:
         cost = with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
-    if len(_PRICED) >= _PRICED_KEPT:
-        del _PRICED[next(iter(_PRICED))]
     _PRICED[key] = (model, nda, hardware, cost)
+    # A deep pipeline's price holds every task run of its schedule (for the trace): 100,000s at 1T.
+    while len(_PRICED) > _PRICED_KEPT or sum(len(c.schedule.runs) for *_, c in _PRICED.values()) > _PRICED_RUNS:
+        del _PRICED[next(iter(_PRICED))]
     return cost
 
 
