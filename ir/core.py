@@ -317,12 +317,24 @@ def producers(fn: Function) -> dict[Value, Op]:
     return {r: op for op in fn.ops for r in op.results}
 
 
+_USERS: dict[int, tuple[Function, dict[Value, list[Op]]]] = {}  # the last two functions' `users`, by identity
+
+
 def users(fn: Function) -> dict[Value, list[Op]]:
-    """Map each value to the ops that use it, in program order (once per op)."""
+    """Map each value to the ops that use it, in program order (once per op).
+    A function does not change, so the map is kept for the last two and
+    shared by their callers: read it, do not change it (pricing one plan of
+    a large program reads it twice, and a mesh search prices hundreds)."""
+    known = _USERS.get(id(fn))
+    if known is not None and known[0] is fn:
+        return known[1]
     out: dict[Value, list[Op]] = {v: [] for v in fn.values()}
     for op in fn.ops:
         for v in dict.fromkeys(op.operands):
             out.setdefault(v, []).append(op)
+    if len(_USERS) >= 2:
+        del _USERS[next(iter(_USERS))]
+    _USERS[id(fn)] = (fn, out)
     return out
 
 

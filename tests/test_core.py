@@ -121,3 +121,19 @@ def test_mesh_rejects_bad_axes():
         Mesh.from_pairs([("a", 2), ("a", 3)])
     with pytest.raises(IRError, match="size >= 1"):
         Mesh.of(a=0)
+
+
+def test_users_are_each_functions_own_and_kept_for_the_last_two():
+    from ir.core import users
+    from ir.models.mlp import deep_mlp, mlp
+
+    functions = [mlp(batch=4).function, deep_mlp(layers=2, d_model=8, batch=4).function, mlp(batch=8).function]
+    for fn in functions:
+        readers = users(fn)
+        assert users(fn) is readers  # kept: a plan's pricing reads it more than once
+        for v, ops in readers.items():
+            assert ops == [op for op in fn.ops if v in op.operands]
+        assert set(readers) == set(fn.values())
+    # Equal-looking functions are distinct programs: each gets its own map, never another's.
+    assert users(functions[0]) is not users(functions[2])
+    assert all(op in functions[0].ops for ops in users(functions[0]).values() for op in ops)
