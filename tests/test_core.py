@@ -131,9 +131,9 @@ def test_users_are_each_functions_own_and_kept_for_the_last_two():
     for fn in functions:
         readers = users(fn)
         assert users(fn) is readers  # kept: a plan's pricing reads it more than once
-        for v, ops in readers.items():
-            assert ops == [op for op in fn.ops if v in op.operands]
+        for v, reading in readers.items():
+            assert reading == [op for op in fn.ops if v in op.operands]
         assert set(readers) == set(fn.values())
     # Equal-looking functions are distinct programs: each gets its own map, never another's.
     assert users(functions[0]) is not users(functions[2])
-    assert all(op in functions[0].ops for ops in users(functions[0]).values() for op in ops)
+    assert all(op in functions[0].ops for reading in users(functions[0]).values() for op in reading)

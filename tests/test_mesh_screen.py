@@ -170,3 +170,40 @@ def test_only_the_best_meshs_pipeline_is_made_whole(screened):
         assert whole.assessment.cost.step_time_s == pytest.approx(planned.assessment.cost.step_time_s, rel=1e-12)
         assert whole.assessment.cost.peak_memory_bytes == planned.assessment.cost.peak_memory_bytes
         assert whole.pipeline.microbatches == planned.pipeline_cost.microbatches
+
+
+def test_a_mesh_is_not_screened_again_with_the_plan_it_was_screened_with(tmp_path, monkeypatch):
+    # At Megatron's 1T the searched answer is the published split's plan, so the second screen would
+    # price most meshes with the plan their first screen priced already (125 of 157).
+    import solver.planning.meshes as meshes
+    from solver.planning.planner import plan_spec
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text(GPT)
+    data = yaml.safe_load(GPT)
+    run = meshes._Meshes(str(path), data, "cpsat", None, None, meshes.SILENT,
+                         meshes._distinct(data, candidate_meshes(data, str(path)), str(path)))
+    screens = {}
+    run._screen(screens)
+    # The published split searched on one mesh: its answer is the schedule's own plan.
+    mesh, spec = next((m, s) for m, s in run.meshes if screens[m][0].fits and screens[m][0].source ==
+                      "schedule Megatron" and dict(m).get("pipeline") is None)
+    planned = plan_spec(spec, schedule="Megatron", built=run.built, whole=False)
+    run.tried[mesh] = meshes.MeshTried(mesh, (), planned, "", 0.0)
+    del screens[mesh]
+    first = dict(screens)
+    priced = []
+    real = meshes.screen_mesh
+    monkeypatch.setattr(meshes, "screen_mesh", lambda spec, *a, **kw: priced.append(spec.sharding_mesh())
+                        or real(spec, *a, **kw))
+    run._screen(screens, again=True)
+    skipped = [m for m, s in run.meshes if m in first and s.sharding_mesh() not in priced]
+    assert skipped and len(skipped) + len(priced) == len(first)
+    for m, s in run.meshes:
+        if m not in first:
+            continue
+        seed, remat = meshes._seed(list(run.tried.values()), run.built, s.sharding_mesh())
+        assert (first[m][0].plan == seed) == (m in skipped)
+        if m in skipped:  # what the second screen would have priced: the same plan, the same price
+            again = real(s, run.built, prepare, ("seed", remat, seed), schedules=False)
+            assert screens[m][0] == first[m][0] and again.step_time_s == first[m][0].step_time_s
