@@ -108,10 +108,9 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
     key = (id(fn), id(nda), stages, plan)
     if key in _CUTS and _CUTS[key][0] is fn and _CUTS[key][1] is nda:
         return _CUTS[key][2]
-    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
-    members = _stage_members(fn, stage_of, stages)
-    readers = users(fn)
-    twin = _twins(fn, nda, sharding, stage_of, members, readers)
+    layout = _layout(model, stages)
+    stage_of, members, readers = layout.stage_of, layout.members, layout.readers
+    twin = _twins(fn, nda, sharding, layout)
     picked = _stand_ins(fn, stage_of, members, twin)
     cut = None
     if picked is not None and len(picked[0]) < stages:
@@ -120,24 +119,58 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
         keep = sorted(i for s in kept for i in members[s])
         # What crosses to or from an inner stage must cross whole: the inner stage then stands for all.
         # (Between the first and the last stage, a tied embedding's gradient crosses as a partial sum.)
-        params = set(fn.params)
+        params = layout.params
         whole = {v for i in keep for v in fn.ops[i].operands if v not in params
                  and stage_of[v.name] != stage_of[fn.ops[i].results[0].name]
                  and {stage_of[v.name], stage_of[fn.ops[i].results[0].name]} != {0, last}}
         # What a kept stage sends to one left out: its task returns it, as the whole step's does. (What
         # is made from weights and constants alone, each reader's task makes for itself, `ir.pipeline`.)
-        varying = {p for p in params if p.name in model.inputs}
-        for op in fn.ops:
-            if any(v in varying for v in op.operands):
-                varying.update(op.results)
         left_out = set(range(stages)).difference(kept)
         sent = {r for i in keep for r in fn.ops[i].results
-                if r in varying and any(stage_of[op.results[0].name] in left_out for op in readers.get(r, ()))}
+                if r in layout.varying and any(stage_of[op.results[0].name] in left_out for op in readers.get(r, ()))}
         cut = (stage_of, kept, twin, keep, substitute, whole, sent)
     if len(_CUTS) >= _CUTS_KEPT:
         del _CUTS[next(iter(_CUTS))]
     _CUTS[key] = (fn, nda, cut)
     return cut
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What the cut reads of the step and its stages whatever the plan: the
+    stage of every value, each stage's ops, each value's readers, the
+    parameters, the values that vary with the batch, those made from
+    constants alone (`_constants`)."""
+
+    stage_of: Mapping[str, int]
+    members: list[list[int]]
+    readers: Mapping[Value, list]
+    params: frozenset[Value]
+    varying: frozenset[Value]
+    constant: Mapping[Value, int]
+
+
+_LAYOUTS: dict[tuple, tuple] = {}  # the last few `_layout`s, by program identity and stages
+
+
+def _layout(model: Model, stages: int) -> _Layout:
+    """The step's `_Layout` on `stages` stages, kept for the last few: a mesh
+    search cuts the same program on the same stages under hundreds of plans."""
+    fn = model.function
+    key = (id(fn), stages)
+    if key in _LAYOUTS and _LAYOUTS[key][0] is fn:
+        return _LAYOUTS[key][1]
+    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
+    varying = {p for p in fn.params if p.name in model.inputs}
+    for op in fn.ops:
+        if any(v in varying for v in op.operands):
+            varying.update(op.results)
+    layout = _Layout(stage_of, _stage_members(fn, stage_of, stages), users(fn), frozenset(fn.params),
+                     frozenset(varying), _constants(fn))
+    if len(_LAYOUTS) >= _CUTS_KEPT:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    _LAYOUTS[key] = (fn, layout)
+    return layout
 
 
 def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> list[list[int]]:
@@ -148,16 +181,13 @@ def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> li
     return members
 
 
-def _twins(fn: Function, nda: NDA, sharding: FactorSharding, stage_of: Mapping[str, int],
-           members: list[list[int]], readers: Mapping[Value, list]) -> list[int]:
+def _twins(fn: Function, nda: NDA, sharding: FactorSharding, layout: _Layout) -> list[int]:
     """Per stage, the first stage equal to it but for names (module
     docstring): itself for the first and the last stage and for an inner
-    stage unlike every inner stage before it. `readers`: each value's
-    readers (`ir.core.users`)."""
-    uses = {v: len(us) for v, us in readers.items()}
+    stage unlike every inner stage before it."""
+    readers, stage_of, members = layout.readers, layout.stage_of, layout.members
     results = set(fn.results)
-    params = set(fn.params)
-    constant = _constants(fn)
+    params, constant = layout.params, layout.constant
     dims: dict[Value, tuple] = {}
 
     def sharded(v: Value) -> tuple:
@@ -184,7 +214,7 @@ def _twins(fn: Function, nda: NDA, sharding: FactorSharding, stage_of: Mapping[s
                     refs.append(("from", stage_of[v.name] - s, k, v.type, sharded(v)))
             (r,) = op.results
             factors = tuple(sharding.of(k) for k in nda.op_factor_iclass[i])
-            body.append((op.kind, op.attrs, r.type, factors, tuple(refs), uses.get(r, 0), r in results))
+            body.append((op.kind, op.attrs, r.type, factors, tuple(refs), len(readers.get(r, ())), r in results))
             own[r] = q
         return tuple(body)
 
