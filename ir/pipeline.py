@@ -235,8 +235,14 @@ def microbatch_sharding(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[
     sharding = materialize(nda, microbatch_mesh(mesh, microbatches), [micro, *decisions], resolutions, replicated)
     # The stages run the plan as a microbatch's batch takes it (`microbatch_nda`), with `micro` in
     # front of the batch: a batch that does not split K ways would make the rules drop one or the other.
-    plan = materialize(microbatch_nda(nda, model.inputs, microbatches), mesh, decisions, resolutions, replicated)
-    same = all(tuple(a for a in axes if a != MICRO) == kept for axes, kept in zip(sharding.axes, plan.axes))
+    # Where `micro` took every I-class of the batch, it left each K times smaller, and the decisions
+    # after it read what they read on that view (the same divisibility, owners and neighbours): the
+    # rest of the sharding is the plan's there, and only otherwise is it materialized to compare.
+    same = all(sharding.axes[k][:1] == (MICRO,) for k in nda.color_iclasses[micro.color])
+    if not same:
+        plan = materialize(microbatch_nda(nda, model.inputs, microbatches), mesh, decisions, resolutions,
+                           replicated)
+        same = all(tuple(a for a in axes if a != MICRO) == kept for axes, kept in zip(sharding.axes, plan.axes))
     for name in model.inputs:
         p = fn.param(name)
         if p.type.rank and not (same and MICRO in sharding.def_dims(nda, p)[0]):

@@ -201,3 +201,38 @@ def test_plans_that_shard_alike_are_priced_once(monkeypatch):
     monkeypatch.setattr(pipelining, "_PRICED", {})
     assert pipelining.pipelined_cost(spec, model, nda, alike, hardware, microbatches=2) == once
     assert pipelining.pipelined_cost(spec, model, nda, plan, hardware, microbatches=4) == other != once
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 4])
+def test_the_microbatch_sharding_is_the_plans_on_the_microbatch_view(microbatches):
+    # `microbatch_sharding` skips materializing the plan on `microbatch_nda` where `micro` took every
+    # batch I-class: the rest must then be exactly that materialization. Random plans, some of which
+    # the rules cut short (an axis taken already, a size that does not divide).
+    import random
+
+    from ir.pipeline import MICRO, microbatch_sharding
+    from ir.sharding import materialize
+
+    model = training_step(transformer(layers=2, batch=8), optimizer=Adam())
+    nda = analyze(model.function)
+    mesh = Mesh.of(data=2, model=2, seq=2)
+    rng = random.Random(microbatches)
+    checked = 0
+    for _ in range(40):
+        decisions = [Decision(rng.choice(mesh.names), rng.randrange(nda.num_colors))
+                     for _ in range(rng.randint(1, 6))]
+        try:
+            sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches)
+        except PipelineError:
+            continue
+        view = materialize(microbatch_nda(nda, model.inputs, microbatches), mesh, decisions)
+        assert tuple(tuple(a for a in axes if a != MICRO) for axes in sharding.axes) == view.axes
+        checked += all(sharding.axes[k][:1] == (MICRO,) for k in nda.color_iclasses[_batch_color(nda, model)])
+    assert checked >= 30  # plans whose view the shortcut stood for
+
+
+def _batch_color(nda, model) -> int:
+    """The batch color (`ir.pipeline.microbatch_decision`'s)."""
+    from ir.pipeline import microbatch_decision
+
+    return microbatch_decision(nda, model.inputs).color
