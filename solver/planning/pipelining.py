@@ -129,8 +129,9 @@ def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hard
     kept for the last few: choosing K prices the count it then returns);
     a PipelineError as the spec's error."""
     try:
-        if spec.stages * spec.chunks > 1:  # before anything is materialized: a mesh search meets many meshes
-            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)  # of more stages than layers
+        # Before anything is materialized: a mesh search meets many meshes of more stages than layers.
+        if spec.stages * spec.chunks > 1:
+            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
         if microbatches is None and spec.microbatches_auto:
             microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
         microbatches = microbatches or spec.microbatch_count
