@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,7 +317,29 @@ def producers(fn: Function) -> dict[Value, Op]:
     return {r: op for op in fn.ops for r in op.results}
 
 
-_USERS: dict[int, tuple[Function, dict[Value, list[Op]]]] = {}  # the last two functions' `users`, by identity
+class Recent:
+    """The last `kept` results of a computation, by the identity of the
+    objects it reads (held while kept, so an id is not reused) and a
+    hashable key: what pricing at scale reads many times of one large
+    program (its readers, a plan's sharding, the fold's cut)."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self.entries: dict[tuple, tuple[tuple, Any]] = {}
+
+    def get(self, objects: tuple, key: Hashable, make: Callable[[], Any]) -> Any:
+        full = (tuple(map(id, objects)), key)
+        known = self.entries.get(full)
+        if known is not None and all(a is b for a, b in zip(known[0], objects)):
+            return known[1]
+        value = make()
+        if len(self.entries) >= self.kept:
+            del self.entries[next(iter(self.entries))]
+        self.entries[full] = (objects, value)
+        return value
+
+
+_USERS = Recent(2)
 
 
 def users(fn: Function) -> dict[Value, list[Op]]:
@@ -325,17 +347,15 @@ def users(fn: Function) -> dict[Value, list[Op]]:
     A function does not change, so the map is kept for the last two and
     shared by their callers: read it, do not change it (pricing one plan of
     a large program reads it twice, and a mesh search prices hundreds)."""
-    known = _USERS.get(id(fn))
-    if known is not None and known[0] is fn:
-        return known[1]
-    out: dict[Value, list[Op]] = {v: [] for v in fn.values()}
-    for op in fn.ops:
-        for v in dict.fromkeys(op.operands):
-            out.setdefault(v, []).append(op)
-    if len(_USERS) >= 2:
-        del _USERS[next(iter(_USERS))]
-    _USERS[id(fn)] = (fn, out)
-    return out
+
+    def make() -> dict[Value, list[Op]]:
+        out: dict[Value, list[Op]] = {v: [] for v in fn.values()}
+        for op in fn.ops:
+            for v in dict.fromkeys(op.operands):
+                out.setdefault(v, []).append(op)
+        return out
+
+    return _USERS.get((fn,), None, make)
 
 
 def define(defined: dict[str, Value], value: Value, where: str | Callable[[], str]) -> None:

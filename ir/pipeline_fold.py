@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ir.core import Function, Mesh, Value, users
+from ir.core import Function, Mesh, Recent, Value, users
 from ir.lower import LoweringError, LowerOptions, lower_ops
 from ir.models.base import Model
 from ir.nda import NDA
@@ -93,8 +93,7 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
     return Folded(pipeline, tuple(stand_in), chunks)
 
 
-_CUTS: dict[tuple, tuple] = {}  # the last few `_cut`s, by program identity and plan
-_CUTS_KEPT = 8
+_CUTS = Recent(8)  # the last few `_cut`s, by program identity, stages and plan
 
 
 def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tuple) -> tuple | None:
@@ -104,10 +103,12 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
     it cannot. It reads the sharding's axes, not their sizes, so it is the
     same for every count of microbatches: `choose_microbatches` prices
     several with one cut."""
+    return _CUTS.get((model.function, nda), (stages, plan), lambda: _cut_afresh(model, nda, sharding, stages))
+
+
+def _cut_afresh(model: Model, nda: NDA, sharding: FactorSharding, stages: int) -> tuple | None:
+    """`_cut`, not kept."""
     fn = model.function
-    key = (id(fn), id(nda), stages, plan)
-    if key in _CUTS and _CUTS[key][0] is fn and _CUTS[key][1] is nda:
-        return _CUTS[key][2]
     layout = _layout(model, stages)
     stage_of, members, readers = layout.stage_of, layout.members, layout.readers
     twin = _twins(fn, nda, sharding, layout)
@@ -129,9 +130,6 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
         sent = {r for i in keep for r in fn.ops[i].results
                 if r in layout.varying and any(stage_of[op.results[0].name] in left_out for op in readers.get(r, ()))}
         cut = (stage_of, kept, twin, keep, substitute, whole, sent)
-    if len(_CUTS) >= _CUTS_KEPT:
-        del _CUTS[next(iter(_CUTS))]
-    _CUTS[key] = (fn, nda, cut)
     return cut
 
 
@@ -150,27 +148,24 @@ class _Layout:
     constant: Mapping[Value, int]
 
 
-_LAYOUTS: dict[tuple, tuple] = {}  # the last few `_layout`s, by program identity and stages
+_LAYOUTS = Recent(8)  # the last few `_layout`s, by program identity and stages
 
 
 def _layout(model: Model, stages: int) -> _Layout:
     """The step's `_Layout` on `stages` stages, kept for the last few: a mesh
     search cuts the same program on the same stages under hundreds of plans."""
     fn = model.function
-    key = (id(fn), stages)
-    if key in _LAYOUTS and _LAYOUTS[key][0] is fn:
-        return _LAYOUTS[key][1]
-    stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
-    varying = {p for p in fn.params if p.name in model.inputs}
-    for op in fn.ops:
-        if any(v in varying for v in op.operands):
-            varying.update(op.results)
-    layout = _Layout(stage_of, _stage_members(fn, stage_of, stages), users(fn), frozenset(fn.params),
-                     frozenset(varying), _constants(fn))
-    if len(_LAYOUTS) >= _CUTS_KEPT:
-        del _LAYOUTS[next(iter(_LAYOUTS))]
-    _LAYOUTS[key] = (fn, layout)
-    return layout
+
+    def make() -> _Layout:
+        stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
+        varying = {p for p in fn.params if p.name in model.inputs}
+        for op in fn.ops:
+            if any(v in varying for v in op.operands):
+                varying.update(op.results)
+        return _Layout(stage_of, _stage_members(fn, stage_of, stages), users(fn), frozenset(fn.params),
+                       frozenset(varying), _constants(fn))
+
+    return _LAYOUTS.get((fn,), stages, make)
 
 
 def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> list[list[int]]:

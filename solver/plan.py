@@ -15,12 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ir.core import IRError, Mesh, Value
+from ir.core import IRError, Mesh, Recent, Value
 from ir.nda import NDA
 from ir.sharding import Decision, FactorSharding, materialize
 
-_MATERIALIZED: dict[tuple, tuple[NDA, FactorSharding]] = {}  # (plan, NDA identity) -> (the NDA, its sharding)
-_MATERIALIZED_KEPT = 8
+_MATERIALIZED = Recent(8)  # the last plans' shardings, by NDA identity and plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +33,8 @@ class Plan:
         """The plan's factor sharding of `nda`'s program, kept for the last few
         plans: pricing one plan reads it several times (the microbatch counts,
         the cost), and a large program's takes a tenth of a second or more."""
-        key = (self, id(nda))
-        known = _MATERIALIZED.get(key)
-        if known is not None and known[0] is nda:
-            return known[1]
-        sharding = materialize(nda, self.mesh, self.decisions, dict(self.resolutions), self.replicated)
-        if len(_MATERIALIZED) >= _MATERIALIZED_KEPT:
-            del _MATERIALIZED[next(iter(_MATERIALIZED))]
-        _MATERIALIZED[key] = (nda, sharding)
-        return sharding
+        return _MATERIALIZED.get((nda,), self, lambda: materialize(nda, self.mesh, self.decisions,
+                                                                   dict(self.resolutions), self.replicated))
 
     def with_decisions(self, *decisions: Decision) -> Plan:
         return Plan(self.mesh, self.decisions + decisions, self.resolutions, self.replicated)

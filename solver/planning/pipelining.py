@@ -39,6 +39,7 @@ from costmodel.evaluate import COMMUNICATION, Cost
 from costmodel.hardware import Hardware
 from costmodel.pipeline import PipelineCost, pipeline_cost
 from ir import ops
+from ir.core import Recent
 from ir.lower import LowerOptions
 from ir.models.base import Model
 from ir.nda import NDA
@@ -88,8 +89,7 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
 _PRICED: dict[tuple, tuple] = {}  # the last few `pipelined_cost`s, by program identity and microbatch sharding
 _PRICED_KEPT = 16  # every count `choose_microbatches` prices for one plan (the re-ranked plans often shard alike)
 _PRICED_RUNS = 100_000  # and at most this many schedule runs held (about 15 MB)
-_MICROBATCH_SHARDINGS: dict[tuple, tuple] = {}  # the last few microbatch shardings, by plan, K and program identity
-_MICROBATCH_SHARDINGS_KEPT = 4
+_MICROBATCH_SHARDINGS = Recent(4)  # the last few microbatch shardings, by program identity, plan and K
 
 
 def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
@@ -134,19 +134,11 @@ def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hard
             check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
         if microbatches is None and spec.microbatches_auto:
             microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
-        microbatches = microbatches or spec.microbatch_count
-        key = (plan, microbatches, id(model), id(nda))
-        known = _MICROBATCH_SHARDINGS.get(key)
-        if known is not None and known[0] is model and known[1] is nda:
-            return microbatches, known[2]
-        sharding = microbatch_sharding(model, nda, plan.mesh, plan.decisions, microbatches,
-                                       dict(plan.resolutions), plan.replicated)
+        k = microbatches or spec.microbatch_count
+        return k, _MICROBATCH_SHARDINGS.get((model, nda), (plan, k), lambda: microbatch_sharding(
+            model, nda, plan.mesh, plan.decisions, k, dict(plan.resolutions), plan.replicated))
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
-    if len(_MICROBATCH_SHARDINGS) >= _MICROBATCH_SHARDINGS_KEPT:
-        del _MICROBATCH_SHARDINGS[next(iter(_MICROBATCH_SHARDINGS))]
-    _MICROBATCH_SHARDINGS[key] = (model, nda, sharding)
-    return microbatches, sharding
 
 
 def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan,
