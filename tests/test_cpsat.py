@@ -363,3 +363,48 @@ def test_a_hint_that_fits_is_an_incumbent_never_beaten_by_a_worse_answer():
     improved = solve(space, table, CpSatOptions(time_limit_s=60), hint=worse_point)
     assert improved.cost.step_time_s == pytest.approx(best_cost.step_time_s, rel=1e-9)
     assert "the hint" not in improved.report.message
+
+
+def test_row_ids_and_functional_agree_with_tuples():
+    """`_row_ids` (packed into one integer, or through np.unique where the
+    radix would overflow) and `_functional` against plain tuples."""
+    from solver.search.cpsat import _functional, _row_ids
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        scale = 2**40 if trial % 3 == 0 else 3  # large entries force the np.unique path
+        matrix = rng.integers(0, 3, size=(rng.integers(1, 40), 6)) * scale
+        columns = sorted(rng.choice(6, size=rng.integers(0, 7), replace=False).tolist())
+        values = rng.integers(0, 2, size=len(matrix))
+        ids = _row_ids(matrix, columns)
+        rows = [tuple(r) for r in matrix[:, columns].tolist()]
+        assert all((ids[i] == ids[j]) == (rows[i] == rows[j]) for i in range(len(rows)) for j in range(len(rows)))
+        value_of: dict = {}
+        expected = all(value_of.setdefault(r, v) == v for r, v in zip(rows, values.tolist()))
+        assert _functional(ids, values) == expected
+
+
+def test_each_combination_implies_its_own_values_through_the_columns_kept():
+    """The model states a term's cost and outputs over only the literals they
+    depend on (`_Cp._projection`): projected, every combination still maps to
+    its own cost and its own output values, and on a 3-axis mesh the
+    conjunctions are fewer than the combinations."""
+    from solver.search.cpsat import _Cp
+    from solver.search.cpsat_terms import TermModel
+
+    _, _, table, space = setup("transformer", dict(layers=1), Mesh.of(a=2, b=2, c=2), zero=True)
+    cp = _Cp(TermModel(space, table))
+    combos = conjunctions = 0
+    for term in cp.m.terms.values():
+        if term.kind == "param":
+            continue
+        measures = [[round(c.seconds * 1e12) for c in term.combos]]
+        measures += [[cp.m.features[f].index(c.outputs[n]) for c in term.combos] for n, f in enumerate(term.outputs)]
+        matrix = cp._table(term)[0]
+        assert len(matrix) == len(term.combos)
+        for values in measures:
+            keep, cubes = cp._projection(term, values)
+            assert all(cubes[tuple(row)] == v for row, v in zip(matrix[:, keep].tolist(), values))
+            combos += len(values)
+            conjunctions += len(cubes)
+    assert conjunctions < 0.75 * combos
