@@ -22,7 +22,7 @@ lazily, and exactly. After each solve the plan is priced; if it does not
 fit, a cut is added at every position (up to eight, spread over the program,
 largest overflow first) where a lower bound of its live bytes, written as a
 sum of the model's terms (`solver.search.cpsat_memory`), already exceeds the
-capacity, and the point itself is excluded (a no-good: a cut in whole KiB
+capacity, and the plan itself is excluded (a no-good: a cut in whole KiB
 may not reach a plan that overflows by a few KiB). Every cut is valid, and
 each round removes the plan it priced, so the loop converges: it runs until
 a plan fits, the model is infeasible (proven: no plan fits) or the time
@@ -320,13 +320,17 @@ class _Cp:
     def step_time_s(self, objective: float) -> float:
         return self.constant_s + objective * self.unit
 
-    def exclude(self, point: Point) -> None:
-        """A no-good cut: this point does not fit."""
-        bits = dict(point.bits)
-        lits = [var.Not() if v in point.sharded else var for v, var in self.x.items()]
-        levels = point.levels()
-        lits += [var.Not() if levels.get((g, a), 0) >= level else var for (g, a, level), var in self.z.items()]
-        lits += [var.Not() if bits.get(c, 0) else var for c, var in self.r.items()]
+    def exclude(self, sharding: FactorSharding) -> None:
+        """A no-good cut on a plan's sharding: its derived booleans, which
+        every point that materializes to it shares (each key's I-classes hold
+        the same auto axes). Excluding the point alone left others with the
+        same sharding (x of a group whose I-classes all lose the axis to a
+        higher key, a resolution bit that deselects nothing): the 405B spec's
+        four re-ranked plans were one plan four times."""
+        lits = []
+        for (kid, i), var in self.s.items():
+            member = self.m.key_members[kid][0]
+            lits.append(var.Not() if self.space.axes[i] in sharding.axes[member] else var)
         self.model.AddBoolOr(lits)
 
     def memory_cut(self, counts: Counter, capacity: int) -> None:
@@ -428,15 +432,15 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
             loop.found.append((plan, sharding, cost, objective, bound, status))
             if len(loop.found) == wanted:
                 break
-            cp.exclude(point)  # the next solve finds the next best distinct plan
+            cp.exclude(sharding)  # the next solve finds the next best distinct plan
             continue
         loop.saw(cost.peak_memory_bytes, sharding)
         cuts = memory_cuts(m, np.append(table.codes(sharding), 0), capacity)
         for counts in cuts:
             cp.memory_cut(counts, capacity)
-        # The point goes too: a cut in whole KiB may not reach a plan that overflows by a few KiB, and
+        # The plan goes too: a cut in whole KiB may not reach a plan that overflows by a few KiB, and
         # removing the plan priced each round is what makes the loop converge.
-        cp.exclude(point)
+        cp.exclude(sharding)
         loop.no_goods += not cuts
     solve_s = time.perf_counter() - solve_start
     variables, constraints = cp.size()
