@@ -179,8 +179,8 @@ def test_microbatches_need_a_training_step_and_are_given_once():
 
 
 def test_plans_that_shard_alike_are_priced_once(monkeypatch):
-    # CP-SAT's best few plans often differ only in decisions that split nothing more; the re-ranking,
-    # the floor and the choice of K then price the same step. It is lowered once per microbatch sharding
+    # Plans may differ only in decisions that split nothing more; the re-ranking, the floor and the
+    # choice of K then price the same step. It is lowered once per microbatch sharding
     # and count, and the price is the one priced afresh.
     import solver.planning.pipelining as pipelining
 
@@ -236,3 +236,35 @@ def _batch_color(nda, model) -> int:
     from ir.pipeline import microbatch_decision
 
     return microbatch_decision(nda, model.inputs).color
+
+
+def test_the_reranking_prices_the_plans_after_the_first_at_its_count(monkeypatch):
+    # Under `microbatches: auto` the first plan the re-ranking scores (the optimum) chooses its count;
+    # a later plan that can run that count is priced at it, one that cannot chooses its own.
+    import solver.planning.pipelining as pipelining
+    from solver.planning import planner
+
+    whole = plan_spec(_spec("microbatches: auto"), schedule="DP+MP").assessment.cost.peak_memory_bytes
+    halves = plan_spec(_spec("microbatches: 2"), schedule="DP+MP").assessment.cost.peak_memory_bytes
+    spec = _with_memory((whole + halves) // 2)
+    first = plan_spec(spec, schedule="DP+MP")
+    assert first.pipeline.microbatches == 2
+    programs = planner._Programs(spec, None)
+    nda, model = programs(()).nda, programs(()).model
+    batch = nda.def_color(model.function.param("batch.tokens"), 0)
+    on_data = Plan(first.plan.mesh, tuple(d for d in first.plan.decisions if d.axis == "data"))  # no Megatron
+    assert on_data.materialize(nda) != first.plan.materialize(nda)
+    everywhere = first.plan.with_decisions(Decision("model", batch))  # 1 sequence a device: only K = 1
+    chose = []
+    real = pipelining.choose_microbatches
+    monkeypatch.setattr(pipelining, "choose_microbatches", lambda *a, **kw: chose.append(a[3]) or real(*a, **kw))
+    score = planner._reranking_score(spec, programs, (), None)
+    assert score(first.plan, None) == pytest.approx(first.assessment.cost.step_time_s, rel=1e-12)
+    assert len(chose) == 1
+    hardware = spec.hardware_obj()
+    at_two = pipelining.pipelined_cost(spec, model, nda, on_data, hardware, microbatches=2)
+    assert score(on_data, None) == (at_two.step_time_s if at_two.fits else float("inf"))
+    assert len(chose) == 1  # priced at the optimum's count: no count chosen
+    own = score(everywhere, None)
+    assert len(chose) == 2 and chose[-1] is everywhere
+    assert own == pipelining.pipelined_step_s(lambda: programs.priced((), everywhere, None))

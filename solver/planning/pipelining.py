@@ -102,8 +102,9 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
 
     The last few prices are kept by what they follow from: the program, the
     hardware, the stages, K and the microbatch's factor sharding. Plans
-    that differ in decisions but shard alike (CP-SAT's best few often do:
-    a decision on a color nothing of the program splits) are priced once."""
+    that differ in decisions but shard alike (a decision on a color nothing
+    of the program splits; the floor's and the mesh screen's plans met
+    again) are priced once."""
     microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches)
     key = (id(model), id(nda), spec.stages, spec.chunks, spec.pipeline_schedule, microbatches, options, sharding)
     known = _PRICED.get(key)  # (the hardware is made anew per call, `Spec.hardware_obj`: it is compared)
