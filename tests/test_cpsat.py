@@ -400,7 +400,7 @@ def test_each_combination_implies_its_own_values_through_the_columns_kept():
             continue
         measures = [[round(c.seconds * 1e12) for c in term.combos]]
         measures += [[cp.m.features[f].index(c.outputs[n]) for c in term.combos] for n, f in enumerate(term.outputs)]
-        matrix = cp._table(term)[0]
+        matrix = cp._table(term).matrix
         assert len(matrix) == len(term.combos)
         for values in measures:
             keep, cubes = cp._projection(term, values)

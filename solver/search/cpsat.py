@@ -153,7 +153,7 @@ class _Cp:
         self.unit = max(self.constant_s, 1e-15) * 1e-3 / (2 * max(len(varying), 1))
         largest = max((t.mult * c.seconds for t in varying for c in t.combos), default=0.0)
         self.unit = max(self.unit, largest / 2**40)
-        self._tables: dict[int, tuple[np.ndarray, list[tuple]]] = {}  # id(term) -> `_table`
+        self._tables: dict[int, _Table] = {}  # id(term) -> `_table`
         objective = []
         for term in terms:
             self._outputs(term)
@@ -198,15 +198,8 @@ class _Cp:
 
     def _literals(self, term: Term, taken: tuple[frozenset[str], ...], inputs: tuple) -> list:
         """The conjunction that says this combination holds."""
-        lits = []
-        for kid, tk in zip(term.keys, taken):
-            for i, st in enumerate(self.m.keys[kid].status):
-                if st == FREE:
-                    var = self.s[(kid, i)]
-                    lits.append(var if self.space.axes[i] in tk else var.Not())
-        for f, value in zip(term.inputs, inputs):
-            lits.append(self.onehot[f][self.m.features[f].index(value)])
-        return lits
+        table = self._table(term)
+        return [table.literal[k][v] for k, v in enumerate(table.row(taken, inputs))]
 
     def _outputs(self, term: Term) -> None:
         for n, f in enumerate(term.outputs):
@@ -241,14 +234,14 @@ class _Cp:
         one did. On a 3-axis mesh about half the model's constraints were
         such repetitions (the Llama 2 70B layer: 195k -> 95k)."""
         keep, cubes = self._projection(term, values)
-        literal = self._table(term)[1]
+        literal = self._table(term).literal
         return [([literal[k][v] for k, v in zip(keep, row)], value) for row, value in cubes.items()]
 
     def _projection(self, term: Term, values: list[int]) -> tuple[list[int], dict[tuple, int]]:
         """The columns `values` depends on (greedy: each column, last first, is
         left out if the value stays a function of the others) and the value of
         each distinct row of the combinations on those columns."""
-        matrix = self._table(term)[0]
+        matrix = self._table(term).matrix
         vals = np.asarray(values, dtype=np.int64)
         keep = list(range(matrix.shape[1]))
         for col in reversed(range(matrix.shape[1])):
@@ -260,9 +253,8 @@ class _Cp:
             cubes.setdefault(tuple(row), value)
         return keep, cubes
 
-    def _table(self, term: Term) -> tuple[np.ndarray, list[tuple]]:
-        """A term's combinations as a matrix, a row each: per free (key, axis) whether the key
-        holds it, per input feature its value's index; and per column the literal of each value."""
+    def _table(self, term: Term) -> _Table:
+        """A term's combinations as a `_Table` (kept per term)."""
         table = self._tables.get(id(term))
         if table is None:
             columns = [(p, kid, i) for p, kid in enumerate(term.keys)
@@ -270,10 +262,10 @@ class _Cp:
             literal = [(self.s[(kid, i)].Not(), self.s[(kid, i)]) for _, kid, i in columns]
             literal += [tuple(self.onehot[f]) for f in term.inputs]
             index = [{value: d for d, value in enumerate(self.m.features[f])} for f in term.inputs]
-            rows = [[int(self.space.axes[i] in c.taken[p]) for p, _, i in columns]
-                    + [at[value] for at, value in zip(index, c.inputs)] for c in term.combos]
-            matrix = np.array(rows, dtype=np.int64).reshape(len(rows), len(literal))
-            table = self._tables[id(term)] = (matrix, literal)
+            table = _Table([(p, self.space.axes[i]) for p, _, i in columns], index, literal)
+            rows = [table.row(c.taken, c.inputs) for c in term.combos]
+            table.matrix = np.array(rows, dtype=np.int64).reshape(len(rows), len(literal))
+            self._tables[id(term)] = table
         return table
 
     # ------------------------------------------------------------ solving
@@ -364,6 +356,21 @@ def _measure(combo, measure: str | tuple[str, int]) -> int:
     if isinstance(measure, tuple):
         return getattr(combo, measure[0])[measure[1]]
     return getattr(combo, measure)
+
+
+@dataclass(slots=True)
+class _Table:
+    """A term's combinations as a matrix, a row each: per free (key, axis)
+    whether the key holds it, per input feature its value's index; and per
+    column the literal of each value."""
+
+    axes: list[tuple[int, str]]  # per free column: the key's position in the term, the axis
+    index: list[dict]  # per input feature: its values' indices
+    literal: list[tuple]
+    matrix: np.ndarray | None = None
+
+    def row(self, taken: tuple[frozenset[str], ...], inputs: tuple) -> list[int]:
+        return [int(a in taken[p]) for p, a in self.axes] + [at[v] for at, v in zip(self.index, inputs)]
 
 
 def _functional(rows: np.ndarray, values: np.ndarray) -> bool:
