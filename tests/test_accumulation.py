@@ -138,10 +138,10 @@ def test_a_searched_plan_always_pipelines_with_its_microbatches():
     assert "data" not in planned.sharding.def_dims(planned.nda, tokens)[0]
 
 
-def _with_memory(capacity_bytes: int):
-    """The auto spec on an A100-80GB's figures with `capacity_bytes` of memory."""
+def _with_memory(capacity_bytes: int, text: str | None = None):
+    """The auto spec (or the spec `text`) on an A100-80GB's figures with `capacity_bytes` of memory."""
     a100 = _spec("").hardware_obj()
-    data = parse_yaml(SPEC.format(extra="microbatches: auto"), "small.yaml")
+    data = parse_yaml(text or SPEC.format(extra="microbatches: auto"), "small.yaml")
     data["hardware"] = {
         "device": {"name": "small", "peak_flops": {k: f"{v}FLOP/s" for k, v in a100.device.peak_flops.items()},
                    "memory": f"{capacity_bytes}B", "memory_bandwidth": f"{a100.device.memory_bandwidth}B/s"},
@@ -159,6 +159,52 @@ def test_microbatches_auto_chooses_a_count_that_splits_the_batch():
     tight = plan_spec(_with_memory((whole + halves) // 2), schedule="DP+MP")
     # The whole batch no longer fits; two microbatches of the 2 sequences a device holds do.
     assert tight.pipeline.microbatches == 2 and tight.assessment.cost.fits
+
+
+ACCUMULATED = """
+model: {builder: transformer, args: {layers: 2, d_model: 32, heads: 4, head_dim: 8, mlp_hidden: 64, vocab: 64,
+        seq: 16, batch: 32}}
+mesh: {data: 4, model: 2}
+hardware: A100-80GB
+microbatches: auto
+schedules:
+  DP+MP:
+    tactics:
+      - {manual: {axis: data, values: {batch.tokens: 0}}}
+      - {manual: {axis: model, values: {"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}
+  DP+Z3:
+    tactics:
+      - {manual: {axis: data, values: {batch.tokens: 0}}}
+      - {manual: {axis: data, values: {"*": first_divisible}}}
+"""
+
+
+@pytest.mark.parametrize("schedule", ["DP+MP", "DP+Z3"])
+def test_accumulation_is_never_faster_with_more_microbatches(schedule, monkeypatch):
+    # What lets `choose_microbatches` take the fewest microbatches that fit with one stage: every count
+    # priced, the step time does not fall as K grows (Megatron's split, and ZeRO-3, whose weights are
+    # gathered again for each microbatch). With the memory between two counts' peaks the choice is the
+    # exhaustive one, and no count above it is priced.
+    import solver.planning.pipelining as pipelining
+
+    spec = parse_spec(ACCUMULATED, "acc.yaml")
+    planned = plan_spec(spec, schedule=schedule)
+    model, nda, plan, hardware = planned.model, planned.nda, planned.plan, spec.hardware_obj()
+    counts = pipelining.microbatch_counts(nda, model, plan, spec)
+    assert counts == [1, 2, 4, 8]
+    costs = [pipelining.pipelined_cost(spec, model, nda, plan, hardware, microbatches=k) for k in counts]
+    times = [c.step_time_s for c in costs]
+    assert times == sorted(times) and times[0] < times[-1]
+    peaks = [max(c.peak_memory_bytes) for c in costs]
+    assert peaks == sorted(peaks, reverse=True) and peaks[2] < peaks[1]
+    tight = _with_memory((peaks[1] + peaks[2]) // 2, ACCUMULATED)
+    priced = []
+    real = pipelining.pipelined_cost
+    monkeypatch.setattr(pipelining, "pipelined_cost", lambda *a, microbatches, **kw:
+                        priced.append(microbatches) or real(*a, microbatches=microbatches, **kw))
+    assert pipelining.choose_microbatches(tight, model, nda, plan, tight.hardware_obj()) == 4
+    assert priced == [1, 2, 4]
+    assert pipelining.choose_microbatches(spec, model, nda, plan, hardware) == 1
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -15,7 +15,8 @@ can have without a search, by the same cost model the search answers with
 With `microbatches: auto` a pipeline is screened with the most
 microbatches the plan's batch splits into (Megatron's one sequence per
 replica: the smallest bubble and activations), gradient accumulation with
-one microbatch and with that many. A plan whose weights and optimizer
+one microbatch, and with that many where one does not fit (with one stage
+more microbatches are never faster: `pipelining.choose_microbatches`). A plan whose weights and optimizer
 state, split over the stages, already exceed a device's memory does not
 fit and is not lowered. The screened price of a mesh is its
 fastest plan that fits; the meshes are then searched in that order, the
@@ -134,6 +135,8 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         screened = Screened(cost.step_time_s, max(cost.peak_memory_bytes), cost.fits, source, plan, remat, k)
         if best is None or screened.rank < best.rank:
             best = screened
+        if cost.fits and spec.stages == 1:  # more microbatches are no faster (`choose_microbatches`)
+            break
     assert best is not None
     return best
 

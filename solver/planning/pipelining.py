@@ -177,14 +177,30 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
     """`microbatches: auto`: the count that gives the plan's fastest
     pipelined step that fits (the smaller count on a tie), else the
     smallest peak; the counts are those that split the batch
-    (`microbatch_counts`). Once a count fits, a count whose bound
-    (`_least_compute_s` over one minus the bubble, (K + P - 1) / K times it
-    with one stage a device: no step of P devices and K microbatches is
-    faster) is no faster is not priced; the counts go from the most, the
-    smallest bubble, down."""
+    (`microbatch_counts`).
+
+    With one stage (gradient accumulation) the step is no faster with more
+    microbatches: the cost model prices each kernel and collective as a
+    roofline or ring time affine in the batch a microbatch holds, with a
+    term that does not shrink with it (a weight read, gathered or reduced,
+    a latency), so K runs of 1/K of the batch take at least one run of all
+    of it. The counts go from the fewest up and the first that fits is the
+    answer (tests/test_accumulation.py prices every count to check it).
+    With a pipeline the bubble shrinks with K: the counts go from the most
+    down, and once a count fits, a count whose bound (`_least_compute_s`
+    over one minus the bubble, (K + P - 1) / K times it with one stage a
+    device: no step of P devices and K microbatches is faster) is no faster
+    is not priced."""
+    counts = microbatch_counts(nda, model, plan, spec)
+    if spec.stages * spec.chunks == 1:
+        for k in counts:
+            cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
+            if cost.fits:
+                return k
+        return _smallest_peak(spec, model, nda, plan, hardware, options, counts)
     ideal = _least_compute_s(model, spec.mesh_obj().num_devices, hardware)
     best = None
-    for k in sorted(microbatch_counts(nda, model, plan, spec), reverse=True):
+    for k in sorted(counts, reverse=True):
         if best is not None and not best[0][0] and ideal / (1 - bubble_fraction(spec.stages * spec.chunks, k,
                                                                                  spec.chunks)) > best[0][1]:
             continue
@@ -194,6 +210,14 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
             best = (key, k)
     assert best is not None  # `microbatch_counts` is never empty
     return best[1]
+
+
+def _smallest_peak(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                   options: LowerOptions | None, counts: list[int]) -> int:
+    """The count of the smallest peak where none fits (the smaller count on a tie)."""
+    peaks = {k: max(pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k).peak_memory_bytes)
+             for k in counts}
+    return min(counts, key=peaks.__getitem__)
 
 
 def _least_compute_s(model: Model, devices: int, hardware: Hardware) -> float:
