@@ -207,6 +207,35 @@ def test_accumulation_is_never_faster_with_more_microbatches(schedule, monkeypat
     assert pipelining.choose_microbatches(spec, model, nda, plan, hardware) == 1
 
 
+@pytest.mark.parametrize("microbatches", ["auto", "4"])
+def test_the_reranking_of_accumulation_scores_only_plans_that_could_win(microbatches, monkeypatch):
+    # Without a pipeline a plan's accumulated step is never faster than the whole batch's step the
+    # search priced; the re-ranking skips a plan whose step time alone is no faster than the best score.
+    # Every plan scored anyway: the bound holds, and the winner is the same.
+    import dataclasses
+
+    from solver.search import cpsat
+
+    everything = []
+    real = cpsat._scores
+
+    def scores(found, options, table):
+        everything.append((found, real(found, dataclasses.replace(options, score_at_least_step_time=False), table)))
+        assert options.score_at_least_step_time
+        return real(found, options, table)
+
+    monkeypatch.setattr(cpsat, "_scores", scores)
+    spec = parse_spec(ACCUMULATED.replace("microbatches: auto", f"microbatches: {microbatches}"), "acc.yaml")
+    (report,) = plan_spec(spec, "cpsat", floor=False).search
+    ((found, every),), kept = everything, report.rerank_makespans_s
+    assert len(found) == 4 and all(score >= cost.step_time_s for (_, _, cost, *_), score in zip(found, every))
+    assert None in kept and "not scored" in report.message
+    assert all(k == e for k, e in zip(kept, every) if k is not None)
+    best = min(k for k in kept if k is not None)
+    assert all(found[i][2].step_time_s >= best for i, k in enumerate(kept) if k is None)
+    assert every[report.rerank_winner] == min(every)
+
+
 @pytest.mark.parametrize("extra,message", [
     ("microbatches: 3", r"acc.yaml: microbatches: the batch of %batch.tokens \(8\) does not split into 3 microbatches"),
     ("microbatches: 0", "acc.yaml: microbatches"),

@@ -87,7 +87,7 @@ def pipelined(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware
 
 
 _PRICED: dict[tuple, tuple] = {}  # the last few `pipelined_cost`s, by program identity and microbatch sharding
-_PRICED_KEPT = 16  # every count `choose_microbatches` prices for one plan (the re-ranked plans often shard alike)
+_PRICED_KEPT = 64  # a mesh search prices a plan on one mesh in its screen, then in its floor or re-ranking
 _PRICED_RUNS = 100_000  # and at most this many schedule runs held (about 15 MB)
 _MICROBATCH_SHARDINGS = Recent(4)  # the last few microbatch shardings, by program identity, plan and K
 

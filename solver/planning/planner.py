@@ -308,6 +308,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     search.make_table = lambda: programs.table(remat, search.hardware)
     if spec.pipelined:
         search.score = _reranking_score(spec, programs, remat, options)
+        search.score_at_least_step_time = spec.stages * spec.chunks == 1
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
@@ -414,6 +415,9 @@ class _Search:
         # A pipelined spec's: the pipelined step time of a plan (inf if it does not fit), which re-ranks
         # CP-SAT's best plans of the whole step (at least PIPELINE_RERANK of them).
         self.score: Callable[[Plan, FactorSharding], float] | None = None
+        # The score is a step of one stage (gradient accumulation): never faster than the whole batch's step
+        # the search prices (`pipelining.choose_microbatches`), so the re-ranking may stop early.
+        self.score_at_least_step_time = False
         self.reports: list[Any] = []
         self._table = None
         self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
@@ -439,7 +443,8 @@ class _Search:
                 options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
-                                                  score_name="the pipeline schedule")
+                                                  score_name="the pipeline schedule",
+                                                  score_at_least_step_time=self.score_at_least_step_time)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

@@ -45,6 +45,7 @@ simulator then picks the one with the shortest makespan
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -76,6 +77,10 @@ class CpSatOptions:
     # its name in the report. A pipelined spec re-ranks by its pipeline schedule's step time.
     score: Callable[[Plan, FactorSharding], float] | None = None
     score_name: str = "the simulator"
+    # The score is never below a plan's serial step time (gradient accumulation: K runs of a microbatch
+    # take at least one run of the batch). A plan whose step time alone is no faster than the best score
+    # so far is then not scored (its makespan is reported as None).
+    score_at_least_step_time: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +108,7 @@ class SolveReport:
     # Re-ranking (rerank > 1): the serial step times and simulated makespans of the plans compared,
     # best serial first, and the index of the one chosen (the shortest makespan).
     rerank_objectives_s: tuple[float, ...] = ()
-    rerank_makespans_s: tuple[float, ...] = ()
+    rerank_makespans_s: tuple[float | None, ...] = ()  # None: not scored, its step time alone no faster
     rerank_winner: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -527,9 +532,8 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
     winner, makespans = 0, ()
     if len(found) > 1:
         progress.update(f"cpsat: simulating the {len(found)} best plans", force=True)
-        makespans = tuple(options.score(plan, sharding) if options.score is not None
-                          else simulated_makespan_s(table, sharding) for plan, sharding, *_ in found)
-        winner = min(range(len(found)), key=lambda i: (makespans[i], i))
+        makespans = _scores(found, options, table)
+        winner = min((i for i, m in enumerate(makespans) if m is not None), key=lambda i: (makespans[i], i))
     plan, sharding, cost, objective = found[winner][:4]
     best, bound, status = found[0][3:]  # what the solver proved is about the optimum
     gap = max(0.0, (best - bound) / best) if best > 0 else 0.0
@@ -537,7 +541,9 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
     if incumbent is not None and found[winner][1] == incumbent[1]:
         message += "; the hint: no searched plan was faster" + (", none is" if status == "optimal" else "")
     if makespans:
-        message += (f"; {options.score_name} re-ranked the {len(found)} best plans: "
+        unscored = sum(m is None for m in makespans)
+        message += (f"; {options.score_name} re-ranked the {len(found)} best plans"
+                    + (f" ({unscored} not scored: their step times alone are no faster)" if unscored else "") + ": "
                     + (f"the optimum has the shortest makespan ({makespans[0]:.6g} s)" if winner == 0 else
                        f"chose #{winner + 1}, step time {objective:.6g} s, makespan {makespans[winner]:.6g} s "
                        f"(the optimum's: {makespans[0]:.6g} s)"))
@@ -545,5 +551,20 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
                          rerank_objectives_s=tuple(f[3] for f in found) if makespans else (),
                          rerank_makespans_s=makespans, rerank_winner=winner, **common)
     return AutoResult(plan, sharding, cost, report)
+
+def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tuple[float | None, ...]:
+    """Each plan's score, best serial first; None for a plan not scored
+    (`CpSatOptions.score_at_least_step_time`)."""
+    scores: list[float | None] = []
+    best = math.inf
+    for plan, sharding, cost, *_ in found:
+        if options.score_at_least_step_time and cost.step_time_s >= best:
+            scores.append(None)
+            continue
+        score = options.score(plan, sharding) if options.score is not None else simulated_makespan_s(table, sharding)
+        best = min(best, score)
+        scores.append(score)
+    return tuple(scores)
+
 
 __all__ = ["CpSatOptions", "SolveReport", "solve"]
