@@ -192,9 +192,11 @@ def test_a_mesh_is_not_screened_again_with_the_plan_it_was_screened_with(tmp_pat
     run.tried[mesh] = meshes.MeshTried(mesh, (), planned, "", 0.0)
     del screens[mesh]
     first = dict(screens)
+    import solver.planning.mesh_screen as mesh_screen
+
     priced = []
-    real = meshes.screen_mesh
-    monkeypatch.setattr(meshes, "screen_mesh", lambda spec, *a, **kw: priced.append(spec.sharding_mesh())
+    real = mesh_screen.screen_mesh
+    monkeypatch.setattr(mesh_screen, "screen_mesh", lambda spec, *a, **kw: priced.append(spec.sharding_mesh())
                         or real(spec, *a, **kw))
     run._screen(screens, again=True)
     skipped = [m for m, s in run.meshes if m in first and s.sharding_mesh() not in priced]
@@ -207,3 +209,20 @@ def test_a_mesh_is_not_screened_again_with_the_plan_it_was_screened_with(tmp_pat
         if m in skipped:  # what the second screen would have priced: the same plan, the same price
             again = real(s, run.built, prepare, ("seed", remat, seed), schedules=False)
             assert screens[m][0] == first[m][0] and again.step_time_s == first[m][0].step_time_s
+
+
+def test_meshes_screened_in_processes_are_screened_alike(tmp_path):
+    # `--jobs 2`: the screens run in two forked processes, in the same order, with the same answers.
+    import solver.planning.meshes as meshes
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text(GPT)
+    data = yaml.safe_load(GPT)
+    screens = {}
+    for jobs in (1, 2):
+        run = meshes._Meshes(str(path), data, "cpsat", None, None, meshes.SILENT,
+                             meshes._distinct(data, candidate_meshes(data, str(path)), str(path)), jobs)
+        screens[jobs] = {}
+        run._screen(screens[jobs])
+    assert len(screens[1]) > 2
+    assert {m: s for m, (s, _) in screens[1].items()} == {m: s for m, (s, _) in screens[2].items()}

@@ -158,7 +158,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
         search = meshes.plan_meshes(args.spec, args.solver, LowerOptions(reuse_resharded=args.reuse_resharded),
                                     overrides, _progress(args),
-                                    meshes.SEARCHED if args.search_meshes is None else args.search_meshes)
+                                    meshes.SEARCHED if args.search_meshes is None else args.search_meshes,
+                                    jobs=args.jobs)
         planned = search.best
     else:
         planned = _planned(args)
@@ -401,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--search-meshes", type=int, metavar="N",
                            help="a mesh search with more candidate meshes than N screens each with the plans it "
                            "has (its named schedules, the best searched plan) and searches the N best (default 4)")
+            p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                           help="a mesh search screens its candidate meshes in N processes (default 1; the same "
+                           "answer, Linux's fork)")
             p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
                            help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
             p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",

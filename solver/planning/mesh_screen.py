@@ -28,6 +28,8 @@ count searched (`--search-meshes`) trades time for that risk.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ from solver.planning.pipelining import microbatch_counts, pipelined_cost, search
 from solver.planning.planner import Prepared
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Pin, apply_schedule
+from solver.search.report import SILENT, Progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,69 @@ class Screened:
     def to_json(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
                 "source": self.source, "microbatches": self.microbatches}
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenJob:
+    """One mesh to screen: its spec, the seed (`screen_mesh`'s), and whether its named schedules are priced."""
+
+    mesh: tuple[tuple[str, int], ...]
+    spec: Spec
+    seed: tuple[str, tuple, Plan] | None
+    schedules: bool = True
+
+
+_JOBS: tuple[list[ScreenJob], dict, Any, LowerOptions | None] | None = None  # what forked screens read
+
+
+def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepare,
+                  options: LowerOptions | None, workers: int = 1,
+                  progress: Progress = SILENT) -> list[tuple[Screened, float]]:
+    """Each job's `screen_mesh` and the seconds it took, in order. With
+    workers > 1 (and fork, which shares the programs without copying them),
+    the jobs run in that many processes: the screens are independent and
+    deterministic, so the answers are the same. The programs the named
+    schedules need are built first, once, in this process."""
+    global _JOBS
+    for job in jobs[:1]:
+        for name in manual_schedules(job.spec) if job.schedules else ():
+            remat = job.spec.remat(name)
+            if remat not in built:
+                try:
+                    built[remat] = prepare(job.spec, remat)
+                except (IRError, SpecError):
+                    continue  # `screen_mesh` reports it
+    parallel = workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if not parallel:
+        out = []
+        for job in jobs:
+            shape = " x ".join(f"{a}={n}" for a, n in job.mesh)
+            progress.update(f"mesh screen: {shape}", force=True)
+            out.append(_timed(job, built, prepare, options))
+        return out
+    _JOBS = (jobs, built, prepare, options)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            out = []
+            for k, result in enumerate(pool.imap(_screen_job, range(len(jobs)))):
+                progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({workers} processes)", force=True)
+                out.append(result)
+            return out
+    finally:
+        _JOBS = None
+
+
+def _screen_job(index: int) -> tuple[Screened, float]:
+    """A forked process's job (`screen_meshes`)."""
+    assert _JOBS is not None
+    jobs, built, prepare, options = _JOBS
+    return _timed(jobs[index], built, prepare, options)
+
+
+def _timed(job: ScreenJob, built: dict, prepare, options: LowerOptions | None) -> tuple[Screened, float]:
+    start = time.perf_counter()
+    screened = screen_mesh(job.spec, built, prepare, job.seed, options, schedules=job.schedules)
+    return screened, time.perf_counter() - start
 
 
 def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, seed: tuple[str, tuple, Plan] | None,
@@ -141,4 +207,4 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     return best
 
 
-__all__ = ["Screened", "screen_mesh"]
+__all__ = ["ScreenJob", "Screened", "screen_mesh", "screen_meshes"]

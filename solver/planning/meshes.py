@@ -41,7 +41,7 @@ from ir.lower import LowerOptions
 from ir.pipeline import PIPELINE
 from solver.plan import Plan
 from solver.planning.floor import manual_schedules
-from solver.planning.mesh_screen import Screened, screen_mesh
+from solver.planning.mesh_screen import Screened, ScreenJob, screen_meshes
 from solver.planning.planner import Planned, Prepared, SearchOverrides, complete, plan_spec, prepare
 from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -186,11 +186,12 @@ def mesh_spec(data: dict[str, Any], mesh: tuple[tuple[str, int], ...], filename:
 
 def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions | None = None,
                 overrides: SearchOverrides | None = None, progress: Progress = SILENT,
-                searched: int = SEARCHED) -> MeshSearch:
+                searched: int = SEARCHED, jobs: int = 1) -> MeshSearch:
     """Plan the candidate meshes of the mesh-search spec at `path` with the
     search backend `solver` and keep the fastest plan that fits. With more
     than `searched` meshes, every mesh is screened first
-    (`solver.planning.mesh_screen`) and the `searched` best are searched."""
+    (`solver.planning.mesh_screen`, in `jobs` processes) and the `searched`
+    best are searched."""
     filename = os.fspath(path)
     data = parse_yaml(read_spec_text(path), filename)
     if not is_mesh_search(data):
@@ -202,7 +203,9 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         raise SpecError(f"{filename}: a mesh search searches at least one mesh; got {searched}")
     candidates = candidate_meshes(data, filename)
     devices = math.prod(n for _, n in candidates[0])
-    run = _Meshes(filename, data, solver, options, overrides, progress, _distinct(data, candidates, filename))
+    if jobs < 1:
+        raise SpecError(f"{filename}: a mesh search screens in at least one process; got {jobs} jobs")
+    run = _Meshes(filename, data, solver, options, overrides, progress, _distinct(data, candidates, filename), jobs)
     if len(run.meshes) <= searched:
         for mesh, spec in run.meshes:
             run.search(mesh, spec)
@@ -244,9 +247,11 @@ class _Meshes:
     on the mesh) and what was tried on each."""
 
     def __init__(self, filename: str, data: dict[str, Any], solver: str, options: LowerOptions | None,
-                 overrides: SearchOverrides | None, progress: Progress, meshes: list[tuple[tuple, Spec]]) -> None:
+                 overrides: SearchOverrides | None, progress: Progress, meshes: list[tuple[tuple, Spec]],
+                 jobs: int = 1) -> None:
         self.filename, self.data, self.solver, self.options, self.overrides = filename, data, solver, options, overrides
         self.progress, self.meshes = progress, meshes
+        self.jobs = jobs  # processes that screen meshes side by side (`mesh_screen.screen_meshes`)
         self.built: dict[tuple[str, ...], Prepared] = {}
         self.tried: dict[tuple, MeshTried] = {}
 
@@ -308,12 +313,12 @@ class _Meshes:
         best plan searched so far, or (`again`) with that plan alone, keeping
         the faster screen; not again where it is the plan screened there
         (Megatron's 1T: 125 of 157 meshes, the searched answer being the
-        published split's plan)."""
+        published split's plan). The meshes are independent: with workers,
+        with jobs, they are screened in that many processes (`mesh_screen.screen_meshes`)."""
+        todo: list[ScreenJob] = []
         for mesh, spec in self.meshes:
             if mesh in self.tried or (not again and mesh in screens):
                 continue
-            start = time.perf_counter()
-            self.progress.update(f"mesh screen: {mesh_shape(mesh)}", force=True)
             seed, seed_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
             source = _source(list(self.tried.values()), self.built)
             with_seed = (f"the plan of {source.shape}", seed_remat, seed) if source is not None else None
@@ -321,13 +326,14 @@ class _Meshes:
                 continue
             if again and (screens[mesh][0].plan, screens[mesh][0].remat) == (seed, seed_remat):
                 continue  # the searched plan is the one screened here already (a published split that won)
-            screened = screen_mesh(spec, self.built, prepare, with_seed, self.options, schedules=not again)
-            if mesh in screens:
-                before, seconds = screens[mesh]
-                screened = min((before, screened), key=lambda x: x.rank)
-                screens[mesh] = (screened, seconds + time.perf_counter() - start)
+            todo.append(ScreenJob(mesh, spec, with_seed, schedules=not again))
+        done = screen_meshes(todo, self.built, prepare, self.options, self.jobs, self.progress)
+        for job, (screened, seconds) in zip(todo, done):
+            if job.mesh in screens:
+                before, spent = screens[job.mesh]
+                screens[job.mesh] = (min((before, screened), key=lambda x: x.rank), spent + seconds)
             else:
-                screens[mesh] = (screened, time.perf_counter() - start)
+                screens[job.mesh] = (screened, seconds)
 
 
 def _links(spec: Spec, mesh: tuple) -> tuple[tuple[str, str], ...]:
