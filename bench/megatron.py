@@ -28,9 +28,10 @@ Each command runs in a process of its own (`resource.getrusage`).
     auto, data: auto, model: auto}` and `microbatches: auto` (the published
     split a named schedule: the screen's plan and each search's floor):
     the split and K chosen, its step time, how many meshes were screened
-    and searched, wall time and peak RSS (a table of its own).
+    and searched, wall time and peak RSS (a table of its own); `--jobs N`
+    screens the meshes in N processes (`shardplan plan --jobs`).
 
-    python bench/megatron.py [--only 145.6] [--search] [--mesh-auto] [--json] [--write-readme]
+    python bench/megatron.py [--only 145.6] [--search] [--mesh-auto [--jobs N]] [--json] [--write-readme]
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def interleaved(config: dict, directory: Path) -> dict | None:
             "tflops_per_gpu": step_flops(config) / priced[best]["step_time_s"] / config["gpus"] / 1e12}
 
 
-def measure(config: dict, search: bool, mesh_auto: bool, directory: Path) -> dict:
+def measure(config: dict, search: bool, mesh_auto: bool, directory: Path, jobs: int = 1) -> dict:
     spec, schedule = spec_and_schedule(config)
     row = {"config": config, "spec": spec, "published": run_command(spec, "--schedule", schedule),
            "interleaved": interleaved(config, directory)}
@@ -124,7 +125,7 @@ def measure(config: dict, search: bool, mesh_auto: bool, directory: Path) -> dic
     if search:
         row["cpsat"] = run_command(spec, "--solver", "cpsat")
     if mesh_auto:
-        row["auto"] = run_command(auto_spec(config, directory), "--solver", "cpsat")
+        row["auto"] = run_command(auto_spec(config, directory), "--solver", "cpsat", "--jobs", str(jobs))
     return row
 
 
@@ -199,6 +200,8 @@ def main() -> None:
     parser.add_argument("--search", action="store_true", help="also plan each configuration with --solver cpsat")
     parser.add_argument("--mesh-auto", action="store_true",
                         help="also plan each configuration with mesh and microbatches auto (its own table)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="--mesh-auto: screen the meshes in N processes (default 1)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
@@ -208,7 +211,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         for config in configs:
-            rows.append(measure(config, args.search, args.mesh_auto, Path(directory)))
+            rows.append(measure(config, args.search, args.mesh_auto, Path(directory), args.jobs))
             print(json.dumps(rows[-1]), file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -216,9 +219,11 @@ def main() -> None:
     if args.mesh_auto:
         text = (auto_table(rows) + "\n\nt x p x d, K: tensor x pipeline x data and microbatches; `mesh: auto`: "
                 "`mesh: {pipeline: auto, data: auto, model: auto}`, `microbatches: auto`, the links from the "
-                "preset's nodes, CP-SAT with the screen's default 4 meshes searched. "
-                f"Python {platform.python_version()} on {platform.machine()}, "
-                f"`python bench/megatron.py --mesh-auto{''.join(f' --only {o}' for o in args.only or [])}`.")
+                "preset's nodes, CP-SAT with the screen's default 4 meshes searched"
+                + (f", the meshes screened in {args.jobs} processes (`--jobs {args.jobs}`)" if args.jobs > 1 else "")
+                + f". Python {platform.python_version()} on {platform.machine()}, "
+                f"`python bench/megatron.py --mesh-auto{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
+                f"{''.join(f' --only {o}' for o in args.only or [])}`.")
         print(text)
         if args.write_readme:
             write_table("megatron-auto-table", text)

@@ -84,11 +84,13 @@ def run_point(layers: int) -> dict:
 # largest child so far, not this one).
 _MEASURED = ("import resource, runpy, sys\nsys.argv = ['shardplan', *sys.argv[1:]]\ntry:\n"
              "    runpy.run_module('solver.frontend.cli', run_name='__main__')\nfinally:\n"
-             "    print('peak-rss-kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+             "    print('peak-rss-kb', max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
+             "                             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), file=sys.stderr)")
 
 
 def run_command(spec: str, *flags: str, command: str = "plan") -> dict:
-    """`shardplan plan SPEC FLAGS --json` as a user runs it: wall time, peak RSS, the answer."""
+    """`shardplan plan SPEC FLAGS --json` as a user runs it: wall time, peak RSS (of its largest process:
+    `--jobs` screens meshes in processes of their own), the answer."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _MEASURED, command, spec, *flags, "--json"], capture_output=True,
                          text=True, cwd=ROOT, check=False)
