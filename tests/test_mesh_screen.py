@@ -115,12 +115,21 @@ def test_cli_mesh_search_shows_the_screen(capsys, screened):
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--json")
     rows = json.loads(out)["mesh_search"]
     assert sum(r["searched"] for r in rows) == 1
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--jobs", "2",
+                               "--json")
+    assert code == 0, err
+    in_processes = json.loads(out)["mesh_search"]
+    assert [(r["mesh"], r["screened"], r["step_time_s"]) for r in in_processes] == \
+        [(r["mesh"], r["screened"], r["step_time_s"]) for r in rows]
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--quiet")
     assert code == 0, err
     assert "each screened with the plans it has, the 1 best searched" in out and "not searched)" in out
     assert all(r["screened"]["source"] for r in rows) and any(r["best"] for r in rows)
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "0")
     assert code == 1 and "a mesh search searches at least one mesh; got 0" in err
+    with pytest.raises(SystemExit) as exit_:
+        shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--jobs", "0")
+    assert exit_.value.code == 2 and "--jobs: must be at least 1" in capsys.readouterr().err
 
 
 def test_a_plan_whose_weights_alone_exceed_the_memory_is_not_lowered(monkeypatch):

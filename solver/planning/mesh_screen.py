@@ -16,9 +16,10 @@ With `microbatches: auto` a pipeline is screened with the most
 microbatches the plan's batch splits into (Megatron's one sequence per
 replica: the smallest bubble and activations), gradient accumulation with
 one microbatch, and with that many where one does not fit (with one stage
-more microbatches are never faster: `pipelining.choose_microbatches`). A plan whose weights and optimizer
-state, split over the stages, already exceed a device's memory does not
-fit and is not lowered. The screened price of a mesh is its
+more microbatches are never faster: `pipelining.choose_microbatches`). A
+plan whose weights and optimizer state, split over the stages, already
+exceed a device's memory does not fit and is not lowered. The meshes'
+screens are independent: `screen_meshes` runs them in processes. The screened price of a mesh is its
 fastest plan that fits; the meshes are then searched in that order, the
 fitting first (`meshes.plan_meshes`). A mesh is judged by plans it already
 has, so a mesh that only a searched plan makes fast can rank low: the
