@@ -19,8 +19,8 @@ one microbatch, and with that many where one does not fit (with one stage
 more microbatches are never faster: `pipelining.choose_microbatches`). A
 plan whose weights and optimizer state, split over the stages, already
 exceed a device's memory does not fit and is not lowered. The meshes'
-screens are independent: `screen_meshes` runs them in processes. The screened price of a mesh is its
-fastest plan that fits; the meshes are then searched in that order, the
+screens are independent: `screen_meshes` runs them in processes. The
+screened price of a mesh is its fastest plan that fits; the meshes are then searched in that order, the
 fitting first (`meshes.plan_meshes`). A mesh is judged by plans it already
 has, so a mesh that only a searched plan makes fast can rank low: the
 count searched (`--search-meshes`) trades time for that risk.
@@ -82,37 +82,38 @@ class ScreenJob:
 _JOBS: tuple[list[ScreenJob], dict, Any, LowerOptions | None] | None = None  # what forked screens read
 
 
+def mesh_shape(mesh) -> str:
+    """`batch=2 x model=8` for (axis, size) pairs."""
+    return " x ".join(f"{a}={n}" for a, n in mesh)
+
+
 def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepare,
-                  options: LowerOptions | None, workers: int = 1,
+                  options: LowerOptions | None, processes: int = 1,
                   progress: Progress = SILENT) -> list[tuple[Screened, float]]:
     """Each job's `screen_mesh` and the seconds it took, in order. With
-    workers > 1 (and fork, which shares the programs without copying them),
-    the jobs run in that many processes: the screens are independent and
-    deterministic, so the answers are the same. The programs the named
-    schedules need are built first, once, in this process."""
+    processes > 1 (and fork, which shares the programs without copying
+    them), the jobs run in that many processes: the screens are independent
+    and deterministic, so the answers are the same. The programs the named
+    schedules need are built first, once, here (`_program`), so that no
+    process builds its own."""
     global _JOBS
-    for job in jobs[:1]:
-        for name in manual_schedules(job.spec) if job.schedules else ():
-            remat = job.spec.remat(name)
-            if remat not in built:
-                try:
-                    built[remat] = prepare(job.spec, remat)
-                except (IRError, SpecError):
-                    continue  # `screen_mesh` reports it
-    parallel = workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods()
-    if not parallel:
+    if processes < 2 or len(jobs) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         out = []
         for job in jobs:
-            shape = " x ".join(f"{a}={n}" for a, n in job.mesh)
-            progress.update(f"mesh screen: {shape}", force=True)
+            progress.update(f"mesh screen: {mesh_shape(job.mesh)}", force=True)
             out.append(_timed(job, built, prepare, options))
         return out
+    for name in manual_schedules(jobs[0].spec) if jobs[0].schedules else ():
+        try:
+            _program(jobs[0].spec, name, built, prepare)
+        except (IRError, SpecError):
+            continue  # each screen reports it
     _JOBS = (jobs, built, prepare, options)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
             out = []
             for k, result in enumerate(pool.imap(_screen_job, range(len(jobs)))):
-                progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({workers} processes)", force=True)
+                progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({processes} processes)", force=True)
                 out.append(result)
             return out
     finally:
@@ -142,7 +143,7 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
     for name in manual_schedules(spec) if schedules else ():
         remat = spec.remat(name)
         try:
-            program = built[remat] if remat in built else built.setdefault(remat, prepare(spec, remat))
+            program = _program(spec, name, built, prepare)
             pins = [Pin(program.model.pinned)] if program.model.pinned else []
             plan = apply_schedule(search_nda(spec, program.model, program.nda), spec.sharding_mesh(),
                                   pins + spec.tactics(name))
@@ -169,6 +170,14 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
         return Screened(None, None, False, "; ".join(failures) or "no plan to screen with (no named schedule "
                                                                   "applies to this mesh)")
     return best
+
+
+def _program(spec: Spec, schedule: str, built: dict[tuple[str, ...], Prepared], prepare) -> Prepared:
+    """The program a named schedule plans: `built` under its rematerialized layers, made there once."""
+    remat = spec.remat(schedule)
+    if remat not in built:
+        built[remat] = prepare(spec, remat)
+    return built[remat]
 
 
 def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[str, ...],
@@ -208,4 +217,4 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     return best
 
 
-__all__ = ["ScreenJob", "Screened", "screen_mesh", "screen_meshes"]
+__all__ = ["ScreenJob", "Screened", "mesh_shape", "screen_mesh", "screen_meshes"]

@@ -41,7 +41,7 @@ from ir.lower import LowerOptions
 from ir.pipeline import PIPELINE
 from solver.plan import Plan
 from solver.planning.floor import manual_schedules
-from solver.planning.mesh_screen import Screened, ScreenJob, screen_meshes
+from solver.planning.mesh_screen import Screened, ScreenJob, mesh_shape, screen_meshes
 from solver.planning.planner import Planned, Prepared, SearchOverrides, complete, plan_spec, prepare
 from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -77,11 +77,6 @@ class MeshSearch:
     devices: int
     tried: tuple[MeshTried, ...]  # in enumeration order
     best: Planned  # the fastest plan that fits
-
-
-def mesh_shape(mesh) -> str:
-    """`batch=2 x model=8` for (axis, size) pairs."""
-    return " x ".join(f"{a}={n}" for a, n in mesh)
 
 
 def ordered_factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -313,8 +308,8 @@ class _Meshes:
         best plan searched so far, or (`again`) with that plan alone, keeping
         the faster screen; not again where it is the plan screened there
         (Megatron's 1T: 125 of 157 meshes, the searched answer being the
-        published split's plan). The meshes are independent: with workers,
-        with jobs, they are screened in that many processes (`mesh_screen.screen_meshes`)."""
+        published split's plan). The meshes are independent: with jobs,
+        they are screened in that many processes (`mesh_screen.screen_meshes`)."""
         todo: list[ScreenJob] = []
         for mesh, spec in self.meshes:
             if mesh in self.tried or (not again and mesh in screens):
