@@ -21,11 +21,16 @@ Memory, per stage, on one device:
     resident     the step inputs its tasks read (weights, optimizer state,
                  the whole local batch)
     accumulated  the sums over microbatches (the gradients), held from the
-                 first backward to the update
+                 first backward to the update; none with one microbatch,
+                 whose backward makes its gradients as the step's does
     stash        per microbatch in flight: what its forward makes or
                  receives that its backward reads; GPipe holds K
                  microbatches at once, 1F1B at most P - s
-    transient    the most one forward or backward holds beyond those
+    transient    the most one forward or backward holds beyond those, its
+                 own microbatch's stash counted while it lives (a backward
+                 frees a layer's as it passes it) and, with one microbatch,
+                 the gradients as they are made: at K = 1 a one-stage
+                 step's peak is the whole step's
     update       the most the post (the optimizer update) holds beyond the
                  inputs, the sums freed as it reads them
 
@@ -46,7 +51,7 @@ from typing import Any
 from costmodel.evaluate import COMMUNICATION, Cost, collective_s, evaluate
 from costmodel.hardware import Hardware
 from ir.core import Function, TensorType
-from ir.pipeline import PHASES, PIPELINE, Pipeline, Transfer
+from ir.pipeline import PHASES, PIPELINE, Pipeline, Task, Transfer
 from ir.pipeline_run import device_sequences
 
 
@@ -312,12 +317,37 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
         seen = {r.name for r in forward.function.results} | {p.name for p in forward.function.params}
         stash = {p.name: p.type.num_bytes for p in backward.function.params
                  if p.name in seen and p.name in pipeline.varying and p.name not in inputs}
-    # A microbatch's gradient goes into its sum as it is made: the sum is its memory.
+    # A microbatch's gradient goes into its sum as it is made: the sum is its memory. With one
+    # microbatch no sum is held before its backward: the gradients count as that backward makes them.
     kept = set(resident) | set(accumulated) | set(stash) | set(totals)
-    transient = max((live_peak_bytes(t.function, kept) for t in tasks if t.per_microbatch), default=0)
+    growing = totals if pipeline.microbatches == 1 else {}
+    transient = max((_transient_bytes(t.function, kept, _own_bytes(t, stash, growing))
+                     for t in tasks if t.per_microbatch), default=0)
     update = max((live_peak_bytes(t.function, set(resident)) for t in tasks if not t.per_microbatch), default=0)
-    return StageMemory(sum(resident.values()), sum(accumulated.values()), sum(stash.values()), in_flight,
-                       transient, update)
+    return StageMemory(sum(resident.values()), 0 if growing else sum(accumulated.values()), sum(stash.values()),
+                       in_flight, transient, update)
+
+
+def _transient_bytes(fn: Function, kept: set[str], own: Mapping[str, int]) -> int:
+    """The most `fn` holds at once beyond `kept` and the whole of its `own`
+    values (by name, their bytes), which are counted only while they live:
+    the task's own part of its microbatch's stash (what a forward makes,
+    what a backward reads) and, when the sums are made by this one backward,
+    the gradients. At a backward's peak the layers it has passed have freed
+    their stash, and a forward's peak comes before it has made all of it.
+    Never negative: a backward holds all it reads at its start, a task all
+    it makes at its end."""
+    return live_peak_bytes(fn, kept - set(own)) - sum(own.values())
+
+
+def _own_bytes(task: Task, stash: Mapping[str, int], growing: Container[str]) -> dict[str, int]:
+    """What of its microbatch's stash `task` makes or frees, and the
+    gradients it makes whose sums are `growing` (`_transient_bytes`)."""
+    fn, backward = task.function, task.phase == "backward"
+    own = {v.name: n for v in (fn.params if backward else fn.results) if (n := stash.get(v.name))}
+    if backward:
+        own.update((r.name, r.type.num_bytes) for r in fn.results if r.name in growing)
+    return own
 
 
 def _device_memory(stage_memory: list[StageMemory],

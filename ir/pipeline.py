@@ -516,27 +516,45 @@ def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[in
 
 def _as_soon_as_possible(members: list[Op]) -> list[Op]:
     """The task's ops, each right after the last op it reads (in program
-    order among those), and a constant right before its first reader. The
-    step's order puts every update after the whole backward, so a
-    microbatch's gradient would wait there; here it goes on into its sum
-    as soon as it is made, as XLA's scheduler runs it."""
+    order among those), and what is made from constants alone (a fill, a
+    causal mask broadcast to a layer's scores) right before its first
+    reader, as XLA's scheduler runs it: at its index a layer's mask would be
+    made with the first layer's and held until its own layer, every
+    layer's at once. The step's order puts every update after the whole
+    backward, so a microbatch's gradient would wait there; here it goes on
+    into its sum as soon as it is made."""
     made: dict[Value, tuple[int, ...]] = {}
-    constants = {r: op for op in members if not op.operands for r in op.results}
+    constant: dict[Value, Op] = {}  # made from constants alone, by value
     keyed = []
     for i, op in enumerate(members):
-        if not op.operands:
+        if all(v in constant for v in op.operands):
+            constant.update((r, op) for r in op.results)
             continue
         key = max((made[v] for v in op.operands if v in made), default=()) + (i,)
         made.update((r, key) for r in op.results)
         keyed.append((key, op))
-    out, emitted = [], set()
+    out: list[Op] = []
+    emitted: set[int] = set()
+
+    def emit(op: Op) -> None:  # its constant operands first, each once
+        todo = [(op, False)]
+        while todo:
+            o, ready = todo.pop()
+            if id(o) in emitted:
+                continue
+            if ready:
+                emitted.add(id(o))
+                out.append(o)
+                continue
+            todo.append((o, True))
+            todo.extend((constant[v], False) for v in reversed(o.operands) if v in constant)
+
     for _, op in sorted(keyed, key=lambda kv: kv[0]):
-        for v in op.operands:
-            if v in constants and v not in emitted:
-                out.append(constants[v])
-                emitted.add(v)
-        out.append(op)
-    return out + [op for r, op in constants.items() if r not in emitted]
+        emit(op)
+    for op in members:  # read by none of the task's own ops
+        if id(op) not in emitted and all(r in constant for r in op.results):
+            emit(op)
+    return out
 
 
 def _transfers(pipeline: Pipeline) -> tuple[Transfer, ...]:

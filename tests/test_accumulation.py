@@ -207,6 +207,24 @@ def test_accumulation_is_never_faster_with_more_microbatches(schedule, monkeypat
     assert pipelining.choose_microbatches(spec, model, nda, plan, hardware) == 1
 
 
+@pytest.mark.parametrize("schedule", ["DP+MP", "DP+Z3"])
+def test_one_microbatch_peaks_where_the_whole_step_does(schedule):
+    # A one-stage step of one microbatch runs the whole step's ops: its priced peak is the whole step's
+    # lowered peak. It was above it: every layer's causal mask was made at the backward's start and held
+    # until its layer; the backward's stash counted whole after it had freed it; the gradient sums counted
+    # during the forward.
+    import solver.planning.pipelining as pipelining
+    from costmodel.evaluate import evaluate
+
+    accumulated = parse_spec(ACCUMULATED, "acc.yaml")
+    whole = plan_spec(parse_spec(ACCUMULATED.replace("microbatches: auto", ""), "whole.yaml"), schedule=schedule)
+    planned = plan_spec(accumulated, schedule=schedule)
+    hardware = accumulated.hardware_obj()
+    cost = pipelining.pipelined_cost(accumulated, planned.model, planned.nda, planned.plan, hardware, microbatches=1)
+    assert cost.memory[0].accumulated_bytes == 0
+    assert cost.peak_memory_bytes == (evaluate(whole.lowered.function, hardware).peak_memory_bytes,)
+
+
 @pytest.mark.parametrize("microbatches", ["auto", "4"])
 def test_the_reranking_of_accumulation_scores_only_plans_that_could_win(microbatches, monkeypatch):
     # Without a pipeline a plan's accumulated step is never faster than the whole batch's step the
