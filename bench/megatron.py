@@ -29,7 +29,8 @@ Each command runs in a process of its own (`resource.getrusage`).
     split a named schedule: the screen's plan and each search's floor):
     the split and K chosen, its step time, how many meshes were screened
     and searched, wall time and peak RSS (a table of its own); `--jobs N`
-    screens the meshes in N processes (`shardplan plan --jobs`).
+    screens the meshes, and scores the re-ranked plans, in N processes
+    (`shardplan plan --jobs`).
 
     python bench/megatron.py [--only 145.6] [--search] [--mesh-auto [--jobs N]] [--json] [--write-readme]
 """
@@ -201,7 +202,7 @@ def main() -> None:
     parser.add_argument("--mesh-auto", action="store_true",
                         help="also plan each configuration with mesh and microbatches auto (its own table)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="--mesh-auto: screen the meshes in N processes (default 1)")
+                        help="--mesh-auto: screen the meshes and score the re-ranked plans in N processes (default 1)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
@@ -220,7 +221,8 @@ def main() -> None:
         text = (auto_table(rows) + "\n\nt x p x d, K: tensor x pipeline x data and microbatches; `mesh: auto`: "
                 "`mesh: {pipeline: auto, data: auto, model: auto}`, `microbatches: auto`, the links from the "
                 "preset's nodes, CP-SAT with the screen's default 4 meshes searched"
-                + (f", the meshes screened in {args.jobs} processes (`--jobs {args.jobs}`)" if args.jobs > 1 else "")
+                + (f", the meshes screened and the re-ranked plans scored in {args.jobs} processes "
+                   f"(`--jobs {args.jobs}`)" if args.jobs > 1 else "")
                 + f". Python {platform.python_version()} on {platform.machine()}, "
                 f"`python bench/megatron.py --mesh-auto{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
                 f"{''.join(f' --only {o}' for o in args.only or [])}`.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import ROOT
 from test_cpsat import setup, slow_hardware, write_spec
 
 from costmodel.simulate import simulate
@@ -107,3 +108,24 @@ def test_an_auto_tactic_sets_rerank(capsys, tmp_path):
     bad = write_spec(tmp_path, "hardware: A100-80GB\nschedule:\n  - auto: {axes: [batch], rerank: 0}\n")
     code, _, err = shardplan(capsys, "plan", str(bad))
     assert code == 1 and "rerank" in err
+
+
+def test_the_plans_a_pipeline_reranks_are_scored_alike_in_processes(monkeypatch):
+    # `--jobs 2`: once the optimum is scored (it chooses the count of microbatches the others run), the
+    # other plans are scored in forked processes. The scores and the plan are those of one process.
+    import solver.search.cpsat as cpsat
+    from solver.planning.planner import SearchOverrides, plan_spec
+    from solver.planning.spec import load_spec
+    from solver.search.forked import forked_map
+
+    spec = load_spec(ROOT / "specs" / "transformer_pipeline.yaml")
+    forked = []
+    monkeypatch.setattr(cpsat, "forked_map", lambda work, count, jobs: forked.append((count, jobs)) or
+                        forked_map(work, count, jobs))
+    answers = [plan_spec(spec, "cpsat", overrides=SearchOverrides(time_limit_s=20, jobs=jobs), floor=False)
+               for jobs in (1, 2)]
+    assert forked == [(3, 2)]
+    one, two = (a.search[-1] for a in answers)
+    assert len(one.rerank_makespans_s) == 4 and None not in one.rerank_makespans_s
+    assert two.rerank_makespans_s == one.rerank_makespans_s
+    assert answers[1].plan == answers[0].plan and answers[1].assessment.cost == answers[0].assessment.cost

@@ -128,7 +128,8 @@ def _planned(args: argparse.Namespace):
     from solver.planning.planner import SearchOverrides, plan_spec
     from solver.planning.spec import load_spec
 
-    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
+    overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank,
+                                getattr(args, "jobs", 1))
     return plan_spec(load_spec(args.spec), args.solver, LowerOptions(reuse_resharded=args.reuse_resharded), overrides,
                      _progress(args), args.schedule, floor=not getattr(args, "no_floor", False))
 
@@ -155,11 +156,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.schedule is not None:
             raise SpecError(f"{args.spec}: --schedule: a mesh search (mesh: auto) plans each mesh with the search "
                             "backend; the named schedules that apply to a mesh are its screen and floor")
-        overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank)
+        overrides = SearchOverrides(args.time_limit, args.workers, args.seed, args.iterations, args.rerank, args.jobs)
         search = meshes.plan_meshes(args.spec, args.solver, LowerOptions(reuse_resharded=args.reuse_resharded),
                                     overrides, _progress(args),
-                                    meshes.SEARCHED if args.search_meshes is None else args.search_meshes,
-                                    jobs=args.jobs)
+                                    meshes.SEARCHED if args.search_meshes is None else args.search_meshes)
         planned = search.best
     else:
         planned = _planned(args)
@@ -403,8 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a mesh search with more candidate meshes than N screens each with the plans it "
                            "has (its named schedules, the best searched plan) and searches the N best (default 4)")
             p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                           help="a mesh search screens its candidate meshes in N processes (default 1; the same "
-                           "answer, Linux's fork)")
+                           help="N processes (default 1; the same answer, Linux's fork) for a mesh search's "
+                           "screen of its candidate meshes and for scoring the plans a pipelined spec re-ranks")
             p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
                            help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
             p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",

@@ -29,7 +29,6 @@ count searched (`--search-meshes`) trades time for that risk.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from solver.planning.pipelining import microbatch_counts, pipelined_cost, search
 from solver.planning.planner import Prepared
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Pin, apply_schedule
+from solver.search.forked import forked_map, forks
 from solver.search.report import SILENT, Progress
 
 
@@ -79,9 +79,6 @@ class ScreenJob:
     schedules: bool = True
 
 
-_JOBS: tuple[list[ScreenJob], dict, Any, LowerOptions | None] | None = None  # what forked screens read
-
-
 def mesh_shape(mesh) -> str:
     """`batch=2 x model=8` for (axis, size) pairs."""
     return " x ".join(f"{a}={n}" for a, n in mesh)
@@ -96,8 +93,7 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
     and deterministic, so the answers are the same. The programs the named
     schedules need are built first, once, here (`_program`), so that no
     process builds its own."""
-    global _JOBS
-    if processes < 2 or len(jobs) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if not forks(processes, len(jobs)):
         out = []
         for job in jobs:
             progress.update(f"mesh screen: {mesh_shape(job.mesh)}", force=True)
@@ -108,23 +104,9 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
             _program(jobs[0].spec, name, built, prepare)
         except (IRError, SpecError):
             continue  # each screen reports it
-    _JOBS = (jobs, built, prepare, options)
-    try:
-        with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
-            out = []
-            for k, result in enumerate(pool.imap(_screen_job, range(len(jobs)))):
-                progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({processes} processes)", force=True)
-                out.append(result)
-            return out
-    finally:
-        _JOBS = None
-
-
-def _screen_job(index: int) -> tuple[Screened, float]:
-    """A forked process's job (`screen_meshes`)."""
-    assert _JOBS is not None
-    jobs, built, prepare, options = _JOBS
-    return _timed(jobs[index], built, prepare, options)
+    return forked_map(lambda k: _timed(jobs[k], built, prepare, options), len(jobs), processes,
+                      lambda k: progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({processes} processes)",
+                                                force=True))
 
 
 def _timed(job: ScreenJob, built: dict, prepare, options: LowerOptions | None) -> tuple[Screened, float]:

@@ -181,12 +181,12 @@ def mesh_spec(data: dict[str, Any], mesh: tuple[tuple[str, int], ...], filename:
 
 def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions | None = None,
                 overrides: SearchOverrides | None = None, progress: Progress = SILENT,
-                searched: int = SEARCHED, jobs: int = 1) -> MeshSearch:
+                searched: int = SEARCHED) -> MeshSearch:
     """Plan the candidate meshes of the mesh-search spec at `path` with the
     search backend `solver` and keep the fastest plan that fits. With more
     than `searched` meshes, every mesh is screened first
-    (`solver.planning.mesh_screen`, in `jobs` processes) and the `searched`
-    best are searched."""
+    (`solver.planning.mesh_screen`, in the overrides' `jobs` processes) and
+    the `searched` best are searched."""
     filename = os.fspath(path)
     data = parse_yaml(read_spec_text(path), filename)
     if not is_mesh_search(data):
@@ -198,6 +198,7 @@ def plan_meshes(path: str | os.PathLike[str], solver: str, options: LowerOptions
         raise SpecError(f"{filename}: a mesh search searches at least one mesh; got {searched}")
     candidates = candidate_meshes(data, filename)
     devices = math.prod(n for _, n in candidates[0])
+    jobs = (overrides or SearchOverrides()).jobs
     if jobs < 1:
         raise SpecError(f"{filename}: a mesh search screens in at least one process; got {jobs} jobs")
     run = _Meshes(filename, data, solver, options, overrides, progress, _distinct(data, candidates, filename), jobs)

@@ -82,6 +82,7 @@ class SearchOverrides:
     seed: int | None = None
     iterations: int | None = None
     rerank: int | None = None
+    jobs: int = 1  # processes for work whose results do not depend on where it runs (`--jobs`)
 
     def apply(self, auto: Auto, solver: str) -> Auto:
         def pick(name: str, field: str):
@@ -309,6 +310,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     if spec.pipelined:
         search.score = _reranking_score(spec, programs, remat, options)
         search.score_at_least_step_time = spec.stages * spec.chunks == 1
+        search.score_jobs = (overrides or SearchOverrides()).jobs
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
@@ -418,6 +420,7 @@ class _Search:
         # The score is a step of one stage (gradient accumulation): never faster than the whole batch's step
         # the search prices (`pipelining.choose_microbatches`), so the re-ranking may stop early.
         self.score_at_least_step_time = False
+        self.score_jobs = 1  # processes that score the plans after the first (`CpSatOptions.score_jobs`)
         self.reports: list[Any] = []
         self._table = None
         self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
@@ -444,7 +447,8 @@ class _Search:
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",
-                                                  score_at_least_step_time=self.score_at_least_step_time)
+                                                  score_at_least_step_time=self.score_at_least_step_time,
+                                                  score_jobs=self.score_jobs)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

@@ -61,6 +61,7 @@ from ir.sharding import FactorSharding
 from solver.plan import Plan
 from solver.search.cpsat_memory import memory_cuts
 from solver.search.cpsat_terms import Key, Term, TermModel
+from solver.search.forked import forked_map, forks
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
 from solver.search.space import FREE, Point, SearchSpace
@@ -81,6 +82,10 @@ class CpSatOptions:
     # take at least one run of the batch). A plan whose step time alone is no faster than the best score
     # so far is then not scored (its makespan is reported as None).
     score_at_least_step_time: bool = False
+    # Processes that score the plans after the first (`solver.search.forked`): once the first is scored,
+    # the others' scores depend on none of one another's (a pipelined spec's count of microbatches is the
+    # first plan's), so they are the same wherever they run.
+    score_jobs: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,16 +559,24 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
 
 def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tuple[float | None, ...]:
     """Each plan's score, best serial first; None for a plan not scored
-    (`CpSatOptions.score_at_least_step_time`)."""
+    (`CpSatOptions.score_at_least_step_time`). With `score_jobs` the plans
+    after the first are scored side by side, once the first has a score."""
+    def score(i: int) -> float:
+        plan, sharding = found[i][:2]
+        return options.score(plan, sharding) if options.score is not None else simulated_makespan_s(table, sharding)
+
+    if forks(options.score_jobs, len(found) - 1) and not options.score_at_least_step_time:
+        first = score(0)
+        if first < math.inf:
+            return (first, *forked_map(lambda i: score(i + 1), len(found) - 1, options.score_jobs))
     scores: list[float | None] = []
     best = math.inf
-    for plan, sharding, cost, *_ in found:
+    for i, (_, _, cost, *_) in enumerate(found):
         if options.score_at_least_step_time and cost.step_time_s >= best:
             scores.append(None)
             continue
-        score = options.score(plan, sharding) if options.score is not None else simulated_makespan_s(table, sharding)
-        best = min(best, score)
-        scores.append(score)
+        scores.append(score(i))
+        best = min(best, scores[-1])
     return tuple(scores)
 
 
