@@ -557,6 +557,7 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
                          rerank_makespans_s=makespans, rerank_winner=winner, **common)
     return AutoResult(plan, sharding, cost, report)
 
+
 def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tuple[float | None, ...]:
     """Each plan's score, best serial first; None for a plan not scored
     (`CpSatOptions.score_at_least_step_time`). With `score_jobs` the plans
@@ -565,13 +566,12 @@ def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tupl
         plan, sharding = found[i][:2]
         return options.score(plan, sharding) if options.score is not None else simulated_makespan_s(table, sharding)
 
-    if forks(options.score_jobs, len(found) - 1) and not options.score_at_least_step_time:
-        first = score(0)
-        if first < math.inf:
-            return (first, *forked_map(lambda i: score(i + 1), len(found) - 1, options.score_jobs))
+    side_by_side = forks(options.score_jobs, len(found) - 1) and not options.score_at_least_step_time
     scores: list[float | None] = []
     best = math.inf
     for i, (_, _, cost, *_) in enumerate(found):
+        if i == 1 and side_by_side and best < math.inf:
+            return (*scores, *forked_map(lambda k: score(k + 1), len(found) - 1, options.score_jobs))
         if options.score_at_least_step_time and cost.step_time_s >= best:
             scores.append(None)
             continue
