@@ -46,7 +46,7 @@ import numpy as np
 from costmodel.evaluate import Cost, make_cost, op_time_s
 from costmodel.hardware import Hardware
 from costmodel.table_kernels import FusedKernels
-from costmodel.table_walk import Walk
+from costmodel.table_walk import FlowLevels, Walk
 from ir import ops
 from ir.core import Function, IRError, Mesh, TensorType
 from ir.lower import FLOWING_KINDS, Step, redistribute_steps, reduce_steps
@@ -108,11 +108,9 @@ class CostTable:
         self.op_vids = [[self.edge_vid_of[e] for e in es] for es in self.op_edges]
         self.first_user = [us[0] if us else -1 for us in self.users]
         self.use_count_of = self.use_count.tolist()
-        # The user a partial sum can flow through: its only use, of a kind that may carry it. At any
-        # other user (or with several uses) it is reduced, which `communication` finds.
+        # Ops a partial sum may flow through, if it is their only use (`FlowLevels`). At any other user
+        # (or with several uses) it is reduced, which `communication` finds.
         self.can_flow = [op.kind in FLOWING_KINDS for op in fn.ops]
-        self.flow_users = [us if len(us) == 1 and count == 1 and self.can_flow[us[0]] else []
-                           for us, count in zip(self.users, self.use_count_of)]
         self.kernels = FusedKernels(self)
         # Ops a kernel fuses are priced with it, not alone.
         self.op_groups = [(count, members[keep], factors[keep]) for count, members, factors in self.op_groups
@@ -129,6 +127,7 @@ class CostTable:
             raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
                                       f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
         self._powers = np.array([len(self.axis_tuples) ** d for d in range(self.def_ic.shape[1])], dtype=np.int64)
+        self.flow_levels = FlowLevels(self)
 
     # ------------------------------------------------------------ static structure
 
