@@ -34,6 +34,7 @@ from ir import ops
 from ir.sharding import local_type
 
 _KEY_LIMIT = 1 << 62  # packed integer keys stay below this (int64, with room to spare)
+_MAX_CHUNKS = 64  # chunks of a kernel's I-classes' codes (`FusedKernels.row_ids`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +64,38 @@ class FusedKernels:
                 continue
             self.fused[list(members)] = True
             self.kernels.append(self._kernel(members, signatures))
-        # Every kernel's I-classes in one matrix, padded with the sentinel I-class (code 0 in every plan):
-        # one gather and a few 1-D np.unique per evaluation, rather than one 2-D np.unique per width.
-        width = max((len(k.iclasses) for k in self.kernels), default=1)
-        self.signatures = np.array([k.signature for k in self.kernels], dtype=np.int64)
-        self.iclasses = np.full((len(self.kernels), width), t._sentinel, dtype=np.int64)
-        for k, kernel in enumerate(self.kernels):
-            self.iclasses[k, : len(kernel.iclasses)] = kernel.iclasses
-        # Columns packed per chunk: a row's dense id so far (< kernels) times base**chunk stays below the limit.
+        # Every kernel's I-classes flat, in chunks of columns whose codes pack into one integer (a row's
+        # dense id so far times base**chunk stays below the limit): per evaluation one gather, one
+        # segmented sum and a 1-D np.unique per chunk over the kernels that have it, rather than a
+        # matrix padded to the widest kernel (a 60-column matrix for a mean of 15 on 80 layers).
         base = max(len(t.axis_tuples), 2)
         chunk = 1
-        while (len(self.kernels) + 1) * base ** (chunk + 1) < _KEY_LIMIT:
+        while _MAX_CHUNKS * (len(self.kernels) + 1) * base ** (chunk + 1) < _KEY_LIMIT:
             chunk += 1
-        self.chunks = [(slice(c, c + chunk), base ** min(chunk, width - c),
-                        base ** np.arange(min(chunk, width - c), dtype=np.int64)) for c in range(0, width, chunk)]
+        self.signatures = np.array([k.signature for k in self.kernels], dtype=np.int64)
+        self.iclass_list = [np.array(k.iclasses, dtype=np.int64) for k in self.kernels]
+        flat_ic: list[int] = []
+        flat_weight: list[int] = []
+        starts: list[int] = []
+        by_chunk: list[tuple[list[int], list[int]]] = []  # per chunk: (kernels, their segments)
+        for k, kernel in enumerate(self.kernels):
+            for c in range(0, len(kernel.iclasses), chunk):
+                if c // chunk == len(by_chunk):
+                    by_chunk.append(([], []))
+                by_chunk[c // chunk][0].append(k)
+                by_chunk[c // chunk][1].append(len(starts))
+                starts.append(len(flat_ic))
+                columns = kernel.iclasses[c: c + chunk]
+                flat_ic += columns
+                flat_weight += [base ** j for j in range(len(columns))]
+        self.flat_ic = np.array(flat_ic, dtype=np.int64)
+        self.flat_weight = np.array(flat_weight, dtype=np.int64)
+        self.segment_starts = np.array(starts, dtype=np.int64)
+        self.chunk_scale = base ** chunk
+        self.by_chunk = [(np.array(ks, dtype=np.int64), np.array(segs, dtype=np.int64)) for ks, segs in by_chunk]
+        if len(self.by_chunk) >= _MAX_CHUNKS:
+            raise NotImplementedError(f"a fused kernel reads {max(len(k.iclasses) for k in self.kernels)} I-classes: "
+                                      f"the cost table packs at most {(_MAX_CHUNKS - 1) * chunk}")
         self.sizes = np.array([len(k.ops) for k in self.kernels], dtype=np.int64)
         # Every link's edges flat, each with its link's number; per link its kernel and position: which
         # links a plan's collectives break is one gather (`evaluate`), not a scan per cut kernel.
@@ -138,24 +157,37 @@ class FusedKernels:
         keep = np.ones(len(self.kernels), dtype=bool)
         keep[cut] = False
         reps = np.flatnonzero(keep)
-        rows = codes[self.iclasses[reps]]
-        # The distinct (signature, codes) rows: a dense id per row, refined chunk by chunk of columns.
-        ids = self.signatures[reps]
-        for columns, scale, weights in self.chunks:
-            _, ids = np.unique(ids * scale + rows[:, columns] @ weights, return_inverse=True)
-        _, first, inverse = np.unique(ids.reshape(-1), return_index=True, return_inverse=True)
+        ids = self.row_ids(codes)[reps]
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         times = np.bincount(inverse.reshape(-1), minlength=len(first))
         flops = 0
         for rep, count in zip(first.tolist(), times.tolist()):
             k = int(reps[rep])
-            seconds, kernel_flops = self._price(k, (int(self.signatures[k]), *rows[rep].tolist()), (), codes)
+            row = codes[self.iclass_list[k]].tolist()
+            seconds, kernel_flops = self._price(k, (int(self.signatures[k]), *row), (), codes)
             by_kind[FUSION] += seconds * count
             flops += kernel_flops * count
         kernels, fused_ops = len(reps), int(self.sizes[reps].sum())
-        for k, row in zip(broken, codes[self.iclasses[cut]].tolist()):
+        for k in broken:
+            row = codes[self.iclass_list[k]].tolist()
             f, n, fused = self._evaluate_cut(k, tuple(broken[k]), row, codes, by_kind)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
+
+    def row_ids(self, codes: np.ndarray) -> np.ndarray:
+        """Per kernel, an id equal for two kernels exactly when they have the
+        same signature and their I-classes the same codes."""
+        packed = np.add.reduceat(codes[self.flat_ic] * self.flat_weight, self.segment_starts)
+        kernels, segments = self.by_chunk[0]  # every kernel has a first chunk, in kernel order
+        _, ids = np.unique(self.signatures * self.chunk_scale + packed[segments], return_inverse=True)
+        ids = ids.reshape(-1)
+        for kernels, segments in self.by_chunk[1:]:
+            # Kernels with this chunk get fresh ids, above every id so far (ids stay below _MAX_CHUNKS
+            # times the kernels): the others keep theirs, and no two kernels of different widths share a
+            # signature.
+            _, fresh = np.unique(ids[kernels] * self.chunk_scale + packed[segments], return_inverse=True)
+            ids[kernels] = ids.max() + 1 + fresh.reshape(-1)
+        return ids
 
     def _evaluate_cut(self, k: int, broken: tuple[int, ...], row: list[int], codes: np.ndarray,
                       by_kind: Counter[str]) -> tuple[int, int, int]:

@@ -133,8 +133,8 @@ class Walk:
     `t` is the `costmodel.table.CostTable` (typed Any: that module imports
     this one)."""
 
-    def __init__(self, table: Any, codes: np.ndarray, value_bytes: np.ndarray) -> None:
-        self.t, self.codes, self.value_bytes = table, codes, value_bytes
+    def __init__(self, table: Any, codes: np.ndarray) -> None:
+        self.t, self.codes = table, codes
         # Per value (and one more, never partial, for padding): the pending partial axes (a bit mask)
         # and the combiner's id (`CostTable.combiner_id`, where the mask is not 0); per op: whether a
         # partial operand flows through it.
@@ -324,8 +324,9 @@ class Walk:
         result (to the next step, the last one to its consumer)."""
         t = self.t
         n = len(t.fn.ops)
+        value_bytes = t._value_bytes(self.codes)
         if not n:
-            return int(self.value_bytes[: t.num_params].sum())
+            return int(value_bytes[: t.num_params].sum())
         steps, chain_op = self.chain_steps, t.edge_op[self.chain_edges]
         # A chain that only reduces a partial sum sits right after the sum's op (`ir.lower`), first
         # among the chains emitted there; the others right before their op, in program order.
@@ -368,10 +369,10 @@ class Walk:
         lasts = np.where(whole, end - 1, np.maximum(own_last[t.num_params:], op_pos))
         starts = np.concatenate([op_pos] + [s for s, _, _ in spans])
         ends = np.concatenate([lasts] + [e for _, e, _ in spans])
-        sizes = np.concatenate([self.value_bytes[t.num_params:]] + [b for _, _, b in spans]).astype(np.float64)
+        sizes = np.concatenate([value_bytes[t.num_params:]] + [b for _, _, b in spans]).astype(np.float64)
         delta = np.bincount(starts, weights=sizes, minlength=end + 1)[: end + 1]
         delta -= np.bincount(ends + 1, weights=sizes, minlength=end + 2)[: end + 1]
-        resident = int(self.value_bytes[: t.num_params].sum())
+        resident = int(value_bytes[: t.num_params].sum())
         return resident + int(np.cumsum(delta[:end]).max())
 
     def _reduced(self, start: np.ndarray, op_pos: np.ndarray, reduced_last: np.ndarray, end: int):

@@ -308,3 +308,25 @@ def test_polish_is_an_option():
     runs = {flag: solve(space, table, MctsOptions(iterations=1, min_dims=0, polish=flag)) for flag in (False, True)}
     assert runs[True].cost.step_time_s <= runs[False].cost.step_time_s
     assert runs[True].report.evaluations > runs[False].report.evaluations
+
+
+@pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
+def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypatch, memory):
+    """A descent's candidate whose step time alone cannot beat the state it
+    is at is not replayed for memory (`_Mcts.candidate_rank`): the search takes
+    the same course and returns the same plan as one that prices every
+    candidate, where memory shapes the answer too."""
+    mesh = Mesh.of(batch=2, model=2)
+    hardware = slow_hardware(mesh) if memory is None else slow_hardware(mesh, memory=memory)
+    model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)
+    options = MctsOptions(iterations=300, min_dims=0)
+    bounded = solve(space, table, options)
+    monkeypatch.setattr(mcts._Mcts, "candidate_rank", lambda self, point, codes, here: self.price(point, codes).rank)
+    priced = solve(space, table, options)
+    assert bounded.plan == priced.plan and bounded.cost == priced.cost
+    one, every = bounded.report.to_json(), priced.report.to_json()
+    for field in ("iterations", "rounds", "states", "merged", "stopped_by", "memory_shaped"):
+        assert one[field] == every[field], field
+    assert one["memory_shaped"] == (memory is not None)
+    assert one["timed_only"] > 0 and every["timed_only"] == 0
+    assert one["evaluations"] + one["timed_only"] == every["evaluations"]

@@ -99,6 +99,15 @@ On the small ZeRO space of tests/test_mcts.py, a descent from 118 of the
 128 fitting points ends above the optimum, the polish from 62 of them
 reaches it. It costs one memoized descent per decision of the answer.
 
+Bounds. A descent looks for the best candidate that improves on the state
+it is at, so a candidate that cannot is only told apart from the others by
+being no better. Where the state fits memory, a candidate whose relative
+step time alone (RT) is no smaller than the state's C = RT + MP cannot rank
+before it (its own C is at least its RT, and not fitting ranks it later
+still), and its peak memory is not replayed (`CostTable.timed`): the same
+descents, the same plans, with most candidates timed only (the report's
+`timed_only`). The replay was 25-35% of an evaluation on the bundled specs.
+
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
 best plan is materialized once. Prices are memoized per factor sharding.
@@ -179,6 +188,7 @@ class MctsReport:
     iterations: int  # trajectories run
     rounds: int
     evaluations: int  # distinct factor shardings priced
+    timed_only: int  # more ruled out by their step time alone, their peak memory not replayed
     states: int  # nodes of the transposition table
     merged: int  # expansions that reached an existing node (another action order)
     actions: int  # after pruning
@@ -230,6 +240,7 @@ class _Mcts:
         self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
+        self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_rank`)
         self.codes_of: dict[Point, np.ndarray] = {}
         self.code_dtype = np.min_scalar_type(len(table.axis_tuples) - 1)
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
@@ -290,15 +301,41 @@ class _Mcts:
         key = codes.tobytes()
         priced = self.prices.get(key)
         if priced is None:
-            cost = self.table.evaluate(codes)
-            relative = Assessment(cost, self.baseline, self.ideal_s).relative_cost
-            priced = self.prices[key] = _Priced(relative, cost)
-            if self.best is None or priced.rank < self.best[0].rank:
-                self.best = (priced, point, codes)
-            if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
-                self.smallest = (cost.peak_memory_bytes, point, codes)
-            self.fastest_s = min(self.fastest_s, cost.step_time_s)
+            priced = self._priced(point, codes, key, self.table.evaluate(codes))
         return priced
+
+    def _priced(self, point: Point, codes: np.ndarray, key: bytes, cost: Cost) -> _Priced:
+        relative = Assessment(cost, self.baseline, self.ideal_s).relative_cost
+        priced = self.prices[key] = _Priced(relative, cost)
+        if self.best is None or priced.rank < self.best[0].rank:
+            self.best = (priced, point, codes)
+        if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
+            self.smallest = (cost.peak_memory_bytes, point, codes)
+        self.fastest_s = min(self.fastest_s, cost.step_time_s)
+        return priced
+
+    def candidate_rank(self, point: Point, codes: np.ndarray, here: tuple[bool, float]) -> tuple[bool, float] | None:
+        """A descent's candidate's rank, or None where its step time alone
+        shows it cannot rank before `here`, a plan that fits: C = RT + MP is
+        at least RT, so a plan whose RT is no smaller than here's C is no
+        better, fitting or not, and its peak memory is not replayed (module
+        docstring, "Bounds"). Where here does not fit, every candidate is priced."""
+        key = codes.tobytes()
+        priced = self.prices.get(key)
+        if priced is not None:
+            return priced.rank
+        if here[0]:
+            return self.price(point, codes).rank
+        slower = self.slower.get(key)
+        if slower is not None and slower >= here[1]:
+            return None
+        timed = self.table.timed(codes)
+        self.fastest_s = min(self.fastest_s, timed.step_time_s)
+        runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
+        if runtime >= here[1]:
+            self.slower[key] = runtime
+            return None
+        return self._priced(point, codes, key, timed.cost()).rank
 
     # ------------------------------------------------------------ one trajectory
 
@@ -379,8 +416,8 @@ class _Mcts:
             for action in candidates:
                 after = self.child(point, codes, action)
                 if after is not None:
-                    rank = self.price(*after).rank
-                    if rank < here:
+                    rank = self.candidate_rank(*after, here)
+                    if rank is not None and rank < here:
                         improving.append(action)
                         if rank < best:
                             best, found, taken = rank, after, action
@@ -526,7 +563,8 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     solve_s = time.perf_counter() - start - build_s
     priced, point, codes = search.best
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
-                  evaluations=len(search.prices), states=len(search.nodes), merged=search.merged,
+                  evaluations=len(search.prices), timed_only=len(search.slower.keys() - search.prices.keys()),
+                  states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=len(space.variables) + len(space.partial_variables) + len(space.free_classes),
                   smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by,
