@@ -15,7 +15,7 @@ from costmodel.evaluate import evaluate
 from ir.core import Mesh
 from ir.lower import lower
 from solver.planning.expect import COLLECTIVE_KINDS
-from solver.search import mcts
+from solver.search import mcts, mcts_polish
 from solver.search.mcts import MctsOptions, solve
 from solver.search.report import SILENT
 from solver.search.space import Point
@@ -330,3 +330,46 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
     assert one["memory_shaped"] == (memory is not None)
     assert one["timed_only"] > 0 and every["timed_only"] == 0
     assert one["evaluations"] + one["timed_only"] == every["evaluations"]
+
+
+def test_polish_narrows_a_level_no_action_can_set():
+    """A ZeRO level the search has no action for (the incumbent set it; its
+    actions were pruned) is narrowed by the polish where narrower is faster:
+    dropping it alone would leave a descent nothing to take."""
+    name, kwargs, mesh = ZERO_CASES[0]
+    # Memory for ZeRO-1 of the group's optimizer state, not for none.
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh, memory="132300B"), zero=True)
+    search = mcts._Mcts(space, table, MctsOptions(min_dims=10**9), SILENT)
+    assert not search.actions
+    none, storage, optimizer = (Point(frozenset(), (), frozenset({(2, "x", level)} if level else ()))
+                                for level in (0, 2, 1))
+    costs = {p: table.evaluate(space.codes(p)) for p in (none, storage, optimizer)}
+    assert not costs[none].fits and costs[storage].fits and costs[optimizer].fits
+    assert costs[optimizer].step_time_s < costs[storage].step_time_s
+    codes = search.codes(storage)
+    search.best = (search.price(storage, codes), storage, codes)
+    search.polish()
+    assert search.best[1] == optimizer
+
+
+def test_refit_finds_memory_in_several_decisions_where_one_fits_slowly():
+    """Dropping a decision that made the plan fit, and never taking it again,
+    a descent takes the one step that fits however slow it is; the polish's
+    refit applies the cheapest sets of actions that save the memory together."""
+    name, kwargs, mesh = ZERO_CASES[2]
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
+    replicated = table.evaluate(space.codes(Point(frozenset(), ()))).peak_memory_bytes
+    memory = f"{int(replicated * 0.6)}B"
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh, memory=memory), zero=True)
+    search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+    fitted = Point(frozenset({(0, "batch"), (1, "batch"), (2, "model")}), (),
+                   frozenset({(1, "model", 2), (3, "model", 1)}))
+    assert search.price(fitted, search.codes(fitted)).cost.fits
+    start = fitted.without((0, "batch"))
+    assert not search.price(start, search.codes(start)).cost.fits
+    descended = search.price(*search.descend(start, search.codes(start), (0, "batch")))
+    refitted_point, refitted_codes = mcts_polish.refit(search, start, (0, "batch"))
+    refitted = search.price(refitted_point, refitted_codes)
+    assert refitted.cost.fits and refitted.rank < descended.rank
+    assert (0, "batch") not in refitted_point.levels()
+    assert len(refitted_point.levels().items() - start.levels().items()) >= 2

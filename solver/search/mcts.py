@@ -89,15 +89,29 @@ Descents are memoized per start state, and per state its valid actions
 and per (state, action) its successor, so revisits cost dict look-ups.
 
 Polish. After the rounds, an iterated local search from the best plan:
-drop one of its decisions, descend from there, move to the end when it
-ranks better, until no drop improves (`_Mcts.polish`). A descent only adds
-shardings, so an early decision that later ones made a poor fit stays:
-on Gemma-7B on TPUv3 (memory binds) the search ended 2.7% above CP-SAT's
-optimum with the d_ff color on the batch axis, where the optimum shards
-optimizer state there instead; one drop and a descent reach the optimum.
-On the small ZeRO space of tests/test_mcts.py, a descent from 118 of the
-128 fitting points ends above the optimum, the polish from 62 of them
-reaches it. It costs one memoized descent per decision of the answer.
+per decision, drop it, set it to a narrower ZeRO level, or drop it and
+refit (below), descend from there, and move to the end when it ranks
+better, until no move improves (`solver.search.mcts_polish`); the moves are tried from
+the plan's decisions and again from its essential ones (those without
+which its sharding changes: a decision another makes a no-op can matter
+again once that one is narrowed). A descent only adds shardings, so an
+early decision that later ones made a poor fit stays: on Gemma-7B on
+TPUv3 (memory binds) the search ended 2.7% above CP-SAT's optimum with the
+d_ff color on the batch axis, where the optimum shards optimizer state
+there instead; one drop and a descent reach the optimum. Actions only
+widen a level, and the incumbent may set a pair that has no actions
+(pruned): narrowing the embedding's ZeRO-3 to ZeRO-1 on Gemma-7B on TPUv3
+is 4% faster and still fits. Refit: where the dropped decision was what
+made the plan fit, a descent takes it (or the one other step that fits)
+again, however slow; the refit never takes that pair, and applies the
+cheapest few sets of up to three actions that save the memory together
+(each action's time and memory from the dropped state taken as adding
+up), then descends (Megatron's 18.4B: ZeRO-1 on two layer groups in place
+of a third, with ZeRO-3 of the embedding, 2.1% faster; no single action
+gets there). On the small ZeRO space of tests/test_mcts.py, a descent
+from 118 of the 128 fitting points ends above the optimum, the polish
+from 62 of them reaches it. It costs a few memoized descents per decision
+of the answer.
 
 Bounds. A descent looks for the best candidate that improves on the state
 it is at, so a candidate that cannot is only told apart from the others by
@@ -131,6 +145,7 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
+from solver.search.mcts_polish import polish
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.space import Point, SearchSpace
 from solver.search.zero import WHOLE
@@ -245,7 +260,7 @@ class _Mcts:
         self.code_dtype = np.min_scalar_type(len(table.axis_tuples) - 1)
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
         self.valid_of: dict[Point, list[Action]] = {}
-        self.descent_of: dict[Point, tuple[Point, np.ndarray]] = {}
+        self.descent_of: dict[tuple[Point, tuple[int, str] | None], tuple[Point, np.ndarray]] = {}
         self.merged = 0
         self.best: tuple[_Priced, Point, np.ndarray] | None = None
         self.incumbent: _Priced | None = None
@@ -401,16 +416,18 @@ class _Mcts:
     def rollout(self, node: _Node) -> tuple[Point, np.ndarray]:
         return self.descend(node.point, node.codes)
 
-    def descend(self, point: Point, codes: np.ndarray) -> tuple[Point, np.ndarray]:
+    def descend(self, point: Point, codes: np.ndarray,
+                avoid: tuple[int, str] | None = None) -> tuple[Point, np.ndarray]:
         """Steepest descent from a state: take the valid action whose state is
         cheapest while that improves on the current state, then stop (module
-        docstring: why not uniformly random actions). Memoized per start state."""
-        known = self.descent_of.get(point)
+        docstring: why not uniformly random actions); never an action on the
+        pair `avoid` (the polish's). Memoized per start state and pair avoided."""
+        known = self.descent_of.get((point, avoid))
         if known is not None:
             return known
         start, focus = point, self.options.focus
         best = self.price(point, codes).rank
-        candidates = self.valid(point)
+        candidates = self.allowed(point, avoid)
         while point.size < self.options.max_depth:
             here, found, improving = best, None, []
             for action in candidates:
@@ -425,36 +442,19 @@ class _Mcts:
                 break
             point, codes = found
             # Focus: only the actions that improved on the state just left are tried from the next one.
-            candidates = [a for a in improving if a is not taken and _valid(point, a)] if focus else self.valid(point)
-        self.descent_of[start] = (point, codes)
+            candidates = [a for a in improving if a is not taken and _valid(point, a)] if focus \
+                else self.allowed(point, avoid)
+        self.descent_of[(start, avoid)] = (point, codes)
         return point, codes
 
+    def allowed(self, point: Point, avoid: tuple[int, str] | None) -> list[Action]:
+        """The valid actions of a state, less those on the pair `avoid`."""
+        valid = self.valid(point)
+        return valid if avoid is None else [a for a in valid if (a.group, a.axis) != avoid]
+
     def polish(self, deadline: float = math.inf) -> int:
-        """The polish (module docstring): from the best plan found, drop one
-        decision (a (group, axis) pair at its level), descend, and move to the
-        end when it ranks better, until no drop improves or `deadline`
-        (perf_counter seconds) passes. Returns the drops tried."""
-        if self.best is None:
-            return 0
-        tried = 0
-        priced, point, codes = self.best
-        moved = True
-        while moved:
-            moved = False
-            for pair in sorted(point.levels()):
-                if time.perf_counter() > deadline:
-                    break
-                tried += 1
-                start = point.without(pair)
-                end = self.descend(start, self.codes(start))
-                found = self.price(*end)
-                if found.rank < priced.rank:
-                    priced, (point, codes) = found, end
-                    moved = True
-                    break
-        if priced.rank < self.best[0].rank:
-            self.best = (priced, point, codes)
-        return tried
+        """The polish (module docstring, `solver.search.mcts_polish`); returns the moves tried."""
+        return polish(self, deadline)
 
     # ------------------------------------------------------------ rounds
 
