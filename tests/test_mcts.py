@@ -79,8 +79,8 @@ def test_transposition_table_merges_permuted_action_orders():
     count = len(search.nodes)
     ba = search.node(*search.child(after_b.point, after_b.codes, a))
     assert ab is ba and len(search.nodes) == count  # one state, one node: shared statistics
-    # A whole search reaches states by several orders and says so.
-    result = solve(space, table, MctsOptions(iterations=200, min_dims=0))
+    # A whole search (long enough: rounds of 50 trajectories at least) reaches states by several orders and says so.
+    result = solve(space, table, MctsOptions(iterations=200, min_dims=0, patience=50))
     assert result.report.merged > 0 and result.report.states < result.report.iterations + 1
 
 

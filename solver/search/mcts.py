@@ -73,10 +73,14 @@ the remaining ones found nothing. Two changes, kept because no bundled
 spec's result got worse (the same step time as before on each, CP-SAT's
 wherever it proves optimality) while the plans priced fell 1.5-6x
 (chinchilla_32l 2097 -> 943, unet 17693 -> 6374, gemma_2b 2281 -> 1146):
-  - patience 20: a round ends after 20 trajectories in a row that did not
-    beat its best, rather than after 100 (patience 10 lost 0.16% on
-    Gemma-2B, whose last improvement came 16 trajectories after the one
-    before);
+  - patience: a round ends after `patience` trajectories in a row that
+    did not beat its best, rather than after 100. It was 20 (10 lost 0.16%
+    on Gemma-2B, whose last improvement came 16 trajectories after the one
+    before); with the polish's narrowing and refit (issue 34) it is 10, on
+    the 19 bundled specs besides llama2_70b: the same answers but on
+    Gemma-2B (+0.09%, CP-SAT's optimum +0.09%) and unet (+0.04%, still
+    within 0.03% of CP-SAT's best), 10-40% less time (unet 61 -> 37 s,
+    chinchilla_32l_a100 49 -> 38 s, gemma_2b 12.6 -> 8.7 s);
   - focused descents: after a step, only the actions that improved on the
     state just left are tried ("don't look bits"), not every valid action;
     the first step of each descent still tries them all, so a start the
@@ -164,7 +168,7 @@ class MctsOptions:
     min_dims: int = 10
     exploration: float = 0.1
     length_bonus: float = 0.01
-    patience: int = 20  # a round ends after this many trajectories in a row that did not beat its best
+    patience: int = 10  # a round ends after this many trajectories in a row that did not beat its best
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
 
