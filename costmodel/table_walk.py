@@ -166,12 +166,14 @@ class Walk:
         sum_id = t.combiner_id["sum"]
         mask, combiner_id, first = self.mask, self.combiner_id, t.num_params
         wrong: list[int] = []
+        seen = False  # a partial sum so far: without one, nothing flows into the levels above
         for level in levels.levels:
             mine = own[level.rows]
-            flow = self._flows(level) if level.operands is not None else 0
+            flow = self._flows(level) if level.operands is not None and seen else 0
             total = mine | flow
             if not total.any():
                 continue
+            seen = True
             ops_here = level.ops
             if level.operands is not None:
                 self.flowing[ops_here] = flow != 0
