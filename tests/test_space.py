@@ -61,6 +61,10 @@ def test_codes_equal_materialize(program, schedule):
     for point in points:
         expected = table.codes(space.plan(point).materialize(nda))
         assert np.array_equal(space.codes(point), expected), point
+        # From a nearby point's passes (a search's successor, or a point with other bits): the same codes.
+        for near in (point.without(pair) for pair in sorted(point.levels())):
+            assert np.array_equal(space.codes(point, near), expected), (point, near)
+        assert np.array_equal(space.codes(point, points[0]), expected), point
     assert len({space.codes(p).tobytes() for p in points}) > 5  # the points do differ
     # A training step's space has partial levels (the attention is a forward program: none).
     assert bool(space.partial_variables) == bool(model.state) and any(p.partial for p in points) == bool(model.state)

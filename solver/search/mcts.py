@@ -278,14 +278,15 @@ class _Mcts:
 
     # ------------------------------------------------------------ states
 
-    def codes(self, point: Point) -> np.ndarray:
+    def codes(self, point: Point, near: Point | None = None) -> np.ndarray:
         """The point's codes, kept in the narrowest integer type that holds
         them: a large program has 10^5 I-classes and the search keeps the
         codes of every state it reaches, as arrays and as the keys of its
-        prices (eight times the memory in int64)."""
+        prices (eight times the memory in int64). `near`: the state whose
+        successor the point is (`SearchSpace.codes`)."""
         codes = self.codes_of.get(point)
         if codes is None:
-            codes = self.codes_of[point] = self.space.codes(point).astype(self.code_dtype)
+            codes = self.codes_of[point] = self.space.codes(point, near).astype(self.code_dtype)
         return codes
 
     def node(self, point: Point, codes: np.ndarray) -> _Node:
@@ -316,7 +317,7 @@ class _Mcts:
             child = Point(base.sharded | {pair}, tuple(sorted(bits.items())), base.partial)
         else:
             child = Point(base.sharded, tuple(sorted(bits.items())), base.partial | {(*pair, action.level)})
-        child_codes = self.codes(child)
+        child_codes = self.codes(child, point)
         after = None if np.array_equal(child_codes, codes) else (child, child_codes)
         self.children_of[key] = after
         return after

@@ -221,11 +221,14 @@ class SearchSpace:
         plan = plan.with_decisions(*decisions)
         return plan.with_resolutions(dict(point.bits)) if point.bits else plan
 
-    def codes(self, point: Point) -> np.ndarray:
+    def codes(self, point: Point, near: Point | None = None) -> np.ndarray:
         """The factor sharding of a point as codes (numbered as `ir.sharding.axis_tuples`),
         equal to `space.plan(point).materialize(nda)`, about a hundred times faster:
-        what a search that evaluates thousands of points calls."""
-        return self._fast(point)
+        what a search that evaluates thousands of points calls. `near`: a point
+        with the same bits whose decision passes (`_FastMaterialize`) up to the
+        first one where they differ are reused (a search's state, for its
+        successors: the same codes, fewer passes)."""
+        return self._fast(point, near)
 
     def points(self) -> Iterator[Point]:
         """Every point of the space (brute force: per variable, off or one of its levels)."""
@@ -316,9 +319,40 @@ class _FastMaterialize:
                                         for c in chosen]))
         # The space's decision order as passes of one axis and one kind of color (data or not).
         self.passes = [(a, True) for a in space.axes] + [(a, False) for a in reversed(space.axes)]
+        # The last `near` point's passes: (point, its (group, level) pairs per pass, its state after each).
+        self._recorded: tuple[Point, list, list] | None = None
 
-    def __call__(self, point: Point) -> np.ndarray:
-        codes, held, owner_mask = self.base_codes.copy(), self.base_held.copy(), self.base_owner_mask.copy()
+    def __call__(self, point: Point, near: Point | None = None) -> np.ndarray:
+        chosen = self._chosen(point)
+        start, state = 0, None
+        if near is not None and near.bits == point.bits:
+            if self._recorded is None or self._recorded[0] != near:
+                self._recorded = (near, self._chosen(near), [])
+                self._run(near, self._recorded[1], 0, None, self._recorded[2])
+            recorded_chosen, states = self._recorded[1], self._recorded[2]
+            while start < len(chosen) and chosen[start] == recorded_chosen[start]:
+                start += 1
+            if start == len(chosen):
+                return states[-1][0].copy()
+            state = states[start - 1] if start else None
+        return self._run(point, chosen, start, state, None)
+
+    def _chosen(self, point: Point) -> list[tuple[tuple[int, int], ...]]:
+        """Per pass, the (group, level) pairs it decides, sorted."""
+        levels = point.levels()
+        return [tuple(sorted((g, level) for (g, a), level in levels.items()
+                             if a == axis and (g, data_pass) in self.group_members))
+                for axis, data_pass in self.passes]
+
+    def _run(self, point: Point, chosen_by_pass: list, start: int, state: tuple | None,
+             record: list | None) -> np.ndarray:
+        """The passes from `start` on, from `state` (codes, held, owner mask
+        before that pass; None: the base plan's), keeping each pass's result
+        in `record` where given."""
+        if state is None:
+            codes, held, owner_mask = self.base_codes.copy(), self.base_held.copy(), self.base_owner_mask.copy()
+        else:
+            codes, held, owner_mask = (a.copy() for a in state)
         count = self.desel_count
         for cls, bit in point.bits:
             if bit and cls in self.class_desel:
@@ -329,11 +363,12 @@ class _FastMaterialize:
                 count[side1] += 1
         desel = count > 0
         mesh = self.space.mesh
-        levels = point.levels()
-        for axis, data_pass in self.passes:
-            chosen = [(self.group_members[(g, data_pass)], level) for (g, a), level in levels.items()
-                      if a == axis and (g, data_pass) in self.group_members]
+        for k in range(start, len(self.passes)):
+            axis, data_pass = self.passes[k]
+            chosen = [(self.group_members[(g, data_pass)], level) for g, level in chosen_by_pass[k]]
             if not chosen:
+                if record is not None:
+                    record.append((codes.copy(), held.copy(), owner_mask.copy()))
                 continue
             bit, size, j = 1 << self.axis_index[axis], mesh.size(axis), self.axis_index[axis]
             # The pass's colors at once, in decision order: a color's I-classes are no other's, so what
@@ -349,13 +384,14 @@ class _FastMaterialize:
             ok = self.allowed[axis][ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
                 & (self.size[ks] % (held[ks] * size) == 0) & (self.part[ks] <= levels_of)
             cand = ks[ok]
-            if not len(cand):
-                continue
-            _, first = np.unique(self.owner[cand], return_index=True)
-            take = cand[first]
-            codes[take] = self.next_code[codes[take], j]
-            held[take] *= size
-            owner_mask[self.owner[take]] |= bit
+            if len(cand):
+                _, first = np.unique(self.owner[cand], return_index=True)
+                take = cand[first]
+                codes[take] = self.next_code[codes[take], j]
+                held[take] *= size
+                owner_mask[self.owner[take]] |= bit
+            if record is not None:
+                record.append((codes.copy(), held.copy(), owner_mask.copy()))
         return codes
 
 
