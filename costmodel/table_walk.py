@@ -2,8 +2,8 @@
 values are partial sums, the collectives of every active use, and the peak
 memory of the device-local program's positions, for one plan's codes.
 
-Issue 27: this is what the MCTS calls thousands of times, so apart from the
-walk over the ops that touch a partial sum it works on whole arrays: the
+Issue 27: this is what the MCTS calls thousands of times, so it works on
+whole arrays (issue 34 levelled the walk over partial sums, `FlowLevels`): the
 active uses' resharding keys are made distinct with numpy and each distinct
 key is looked up (or priced) once, and the positions, live ranges and the
 peak are array expressions over the uses, in place of a Python loop over
@@ -106,6 +106,8 @@ class FlowLevels:
         self.combiner = np.array([t.combiner_id[t.op_combiner[i]] for i in self.ops.tolist()], dtype=np.int64)
         padding, never = len(t.values), t._sentinel
         width = t.use_ic.shape[1]
+        first_user = np.append(np.array(t.first_user, dtype=np.int64), -1)
+        use_count = np.append(t.use_count, 1)
         self.levels: list[Level] = []
         for d in range(int(levels.max(initial=-1)) + 1):
             rows = np.flatnonzero(levels[self.ops] == d)
@@ -120,8 +122,6 @@ class FlowLevels:
                 edges = t.op_edges[i]
                 operands[r, : len(edges)] = t.op_vids[i]
                 use_ic[r, : len(edges)] = t.use_ic[edges.start: edges.stop]
-            first_user = np.append(np.array(t.first_user, dtype=np.int64), -1)
-            use_count = np.append(t.use_count, 1)
             self.levels.append(Level(
                 ops_here, rows, operands, first_user[operands] == ops_here[:, None], use_count[operands] != 1,
                 np.array([t.can_flow[i] for i in ops_here.tolist()], dtype=bool), use_ic,
