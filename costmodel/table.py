@@ -282,14 +282,14 @@ class CostTable:
     def partial_masks(self, codes: np.ndarray) -> dict[int, int]:
         """Which values of the plan `codes` (with the sentinel) are partial sums:
         value id -> the mesh axes pending (a bit mask, `mask_axes`)."""
-        return dict(self._walk(codes, communication=False).partial)
+        return self._walk(codes, communication=False).partial
 
     def first_step_bytes(self, codes: np.ndarray) -> dict[int, int]:
         """Per use (edge) with collectives in front of it under the plan `codes`
         (with the sentinel): the local bytes of the first one's result."""
         return self._walk(codes, communication=True).first_step_bytes()
 
-    def _value_bytes(self, codes: np.ndarray) -> np.ndarray:
+    def value_bytes(self, codes: np.ndarray) -> np.ndarray:
         """Each value's local bytes: its global bytes over its dimensions' group sizes."""
         sizes = self.code_size[codes[self.def_ic]]
         groups = sizes[:, 0].copy()

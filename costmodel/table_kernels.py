@@ -178,7 +178,7 @@ class FusedKernels:
         """Per kernel, an id equal for two kernels exactly when they have the
         same signature and their I-classes the same codes."""
         packed = np.add.reduceat(codes[self.flat_ic] * self.flat_weight, self.segment_starts)
-        kernels, segments = self.by_chunk[0]  # every kernel has a first chunk, in kernel order
+        segments = self.by_chunk[0][1]  # every kernel has a first chunk, in kernel order
         _, ids = np.unique(self.signatures * self.chunk_scale + packed[segments], return_inverse=True)
         ids = ids.reshape(-1)
         for kernels, segments in self.by_chunk[1:]:

@@ -326,7 +326,7 @@ class Walk:
         result (to the next step, the last one to its consumer)."""
         t = self.t
         n = len(t.fn.ops)
-        value_bytes = t._value_bytes(self.codes)
+        value_bytes = t.value_bytes(self.codes)
         if not n:
             return int(value_bytes[: t.num_params].sum())
         steps, chain_op = self.chain_steps, t.edge_op[self.chain_edges]

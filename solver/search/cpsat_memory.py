@@ -51,7 +51,7 @@ class LiveBound:
         t = self.t = m.t
         self.m = m
         n = self.n = len(t.fn.ops)
-        value_bytes = t.global_bytes // np.prod(t.code_size[codes[t.def_ic]], axis=1)
+        value_bytes = t.value_bytes(codes)
         partial = t.partial_masks(codes)
         first_step = t.first_step_bytes(codes)
         self.resident = int(value_bytes[: t.num_params].sum())

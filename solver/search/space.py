@@ -362,37 +362,39 @@ class _FastMaterialize:
                 count[side0] -= 1
                 count[side1] += 1
         desel = count > 0
-        mesh = self.space.mesh
         for k in range(start, len(self.passes)):
             axis, data_pass = self.passes[k]
             chosen = [(self.group_members[(g, data_pass)], level) for g, level in chosen_by_pass[k]]
-            if not chosen:
-                if record is not None:
-                    record.append((codes.copy(), held.copy(), owner_mask.copy()))
-                continue
-            bit, size, j = 1 << self.axis_index[axis], mesh.size(axis), self.axis_index[axis]
-            # The pass's colors at once, in decision order: a color's I-classes are no other's, so what
-            # an earlier color takes changes a later one's test only through the owner, and the first
-            # candidate of each owner in color order is the one the sequential rule gives the axis.
-            if len(chosen) == 1:
-                (ks, _), level = chosen[0]
-                levels_of = np.full(len(ks), level, dtype=np.int64)
-            else:
-                order = np.argsort(np.concatenate([ranks for (_, ranks), _ in chosen]), kind="stable")
-                ks = np.concatenate([members for (members, _), _ in chosen])[order]
-                levels_of = np.repeat([level for _, level in chosen], [len(m) for (m, _), _ in chosen])[order]
-            ok = self.allowed[axis][ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
-                & (self.size[ks] % (held[ks] * size) == 0) & (self.part[ks] <= levels_of)
-            cand = ks[ok]
-            if len(cand):
-                _, first = np.unique(self.owner[cand], return_index=True)
-                take = cand[first]
-                codes[take] = self.next_code[codes[take], j]
-                held[take] *= size
-                owner_mask[self.owner[take]] |= bit
+            if chosen:
+                self._pass(axis, chosen, desel, codes, held, owner_mask)
             if record is not None:
                 record.append((codes.copy(), held.copy(), owner_mask.copy()))
         return codes
+
+    def _pass(self, axis: str, chosen: list, desel: np.ndarray, codes: np.ndarray, held: np.ndarray,
+              owner_mask: np.ndarray) -> None:
+        """One pass: the `chosen` groups' colors (members, ranks) at their
+        levels take `axis` where the sequential rule lets them, in place."""
+        bit, size, j = 1 << self.axis_index[axis], self.space.mesh.size(axis), self.axis_index[axis]
+        # The pass's colors at once, in decision order: a color's I-classes are no other's, so what
+        # an earlier color takes changes a later one's test only through the owner, and the first
+        # candidate of each owner in color order is the one the sequential rule gives the axis.
+        if len(chosen) == 1:
+            (ks, _), level = chosen[0]
+            levels_of = np.full(len(ks), level, dtype=np.int64)
+        else:
+            order = np.argsort(np.concatenate([ranks for (_, ranks), _ in chosen]), kind="stable")
+            ks = np.concatenate([members for (members, _), _ in chosen])[order]
+            levels_of = np.repeat([level for _, level in chosen], [len(m) for (m, _), _ in chosen])[order]
+        ok = self.allowed[axis][ks] & ~desel[ks] & (owner_mask[self.owner[ks]] & bit == 0) \
+            & (self.size[ks] % (held[ks] * size) == 0) & (self.part[ks] <= levels_of)
+        cand = ks[ok]
+        if len(cand):
+            _, first = np.unique(self.owner[cand], return_index=True)
+            take = cand[first]
+            codes[take] = self.next_code[codes[take], j]
+            held[take] *= size
+            owner_mask[self.owner[take]] |= bit
 
 
 def _color_groups(nda: NDA, fold: bool) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
