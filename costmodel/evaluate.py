@@ -156,6 +156,19 @@ def _peak(fn: Function, devices: int = 1) -> tuple[int, int, dict]:
     """(peak live bytes, the op index where it is first reached or -1 before
     any op, each value's last use: n for results), every value's bytes split
     over `devices`."""
+    resident, live, last = live_curve(fn, devices)
+    peak, at = resident, -1
+    for i, here in enumerate(live):
+        if here > peak:
+            peak, at = here, i
+    return peak, at, last
+
+
+def live_curve(fn: Function, devices: int = 1) -> tuple[int, list[int], dict]:
+    """(the parameters' bytes, live before any op; the live bytes at each op
+    of `fn`, `peak_memory_bytes`'s count; each value's last use), every
+    value's bytes split over `devices`. `solver.planning.shallow` reads the
+    curve place by place."""
     n = len(fn.ops)
     last: dict = {}
     for i, op in enumerate(fn.ops):
@@ -170,13 +183,11 @@ def _peak(fn: Function, devices: int = 1) -> tuple[int, int, dict]:
             nbytes = r.type.num_bytes // devices
             delta[i] += nbytes
             delta[max(last.get(r, i), i) + 1] -= nbytes
-    peak = live = resident
-    at = -1
+    live, here = [], resident
     for i in range(n):
-        live += delta[i]
-        if live > peak:
-            peak, at = live, i
-    return peak, at, last
+        here += delta[i]
+        live.append(here)
+    return resident, live, last
 
 
 def kernel_times(fn: Function, hardware: Hardware, fusion: Fusion | None = None) -> list[tuple[str, float, int]]:

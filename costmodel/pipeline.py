@@ -222,6 +222,31 @@ def transfer_time_s(pipeline: Pipeline, hardware: Hardware, value_type: TensorTy
     return collective_s("collective_permute", (PIPELINE,), value_type, value_type, pipeline.mesh, hardware)
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineParts:
+    """What a pipelined step's price is made of before its schedule runs:
+    per stage of the step (`stage_map` applied) each task's cost and time,
+    the transfers it waits for, its memory but the microbatches in flight;
+    the step's transfers and collectives. `price_parts` simulates them;
+    `solver.planning.shallow` extends a shallow copy's to the step's depth."""
+
+    microbatches: int
+    schedule: str
+    chunks: int
+    costs: Mapping[tuple[int, str], Cost]
+    task_s: Mapping[tuple[int, str], float]
+    arrive_s: Mapping[tuple[int, str], float]
+    start_s: Mapping[int, float]
+    transfer_s: float
+    collective_counts: Mapping[str, int]
+    memory: tuple[StageMemory, ...]  # per stage of the step, in_flight 0
+    capacity_bytes: float
+
+    @property
+    def stages(self) -> int:
+        return len(self.memory)
+
+
 def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, ...] | None = None,
                   chunks: int = 1) -> PipelineCost:
     """Step time, bubble and per-device peak memory of a pipelined step.
@@ -229,6 +254,13 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
     pipeline folded to its distinct stages, `ir.pipeline_fold`), and
     `chunks` the step's stages per device; None: the pipeline's own stages
     and chunks. A stage receives what its stand-in receives."""
+    return price_parts(pipeline_parts(pipeline, hardware, stage_map, chunks))
+
+
+def pipeline_parts(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, ...] | None = None,
+                   chunks: int = 1, memory: tuple[StageMemory, ...] | None = None) -> PipelineParts:
+    """`pipeline_cost`'s parts (`PipelineParts`); `memory`: the stages'
+    memory where the caller has it (a shallow copy's, extended to the step)."""
     if stage_map is None:
         stage_map, chunks, same_device = tuple(range(pipeline.stages)), pipeline.chunks, pipeline.same_device
     else:
@@ -262,26 +294,34 @@ def pipeline_cost(pipeline: Pipeline, hardware: Hardware, stage_map: tuple[int, 
         else:
             start[t.dst] = start.get(t.dst, 0.0) + seconds
     stages = range(len(stage_map))
-    costs = {(s, phase): own[(stage_map[s], phase)] for s in stages for phase in PHASES
-             if (stage_map[s], phase) in own}
-    task_s = {(s, phase): own_s[(stage_map[s], phase)] for s in stages for phase in PHASES
-              if (stage_map[s], phase) in own_s}
-    times = simulate_schedule(len(stage_map), pipeline.microbatches, pipeline.schedule, task_s,
-                              {(s, phase): arrive[(stage_map[s], phase)] for s in stages for phase in PHASES
-                               if (stage_map[s], phase) in arrive},
-                              {s: start[stage_map[s]] for s in stages if stage_map[s] in start}, chunks)
-    by_kind = task_work(costs, pipeline.microbatches)[3]
-    by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + total_transfer
+
+    def per_stage(by_own: Mapping[tuple[int, str], Any]) -> dict[tuple[int, str], Any]:
+        return {(s, phase): by_own[(stage_map[s], phase)] for s in stages for phase in PHASES
+                if (stage_map[s], phase) in by_own}
+
     counted = pipeline.collective_counts(copies)
-    counts = {k: counted.get(k, 0) for k in COMMUNICATION}
-    own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
-    if chunks == 1:
-        memory = tuple(dataclasses.replace(own_memory[stage_map[s]], in_flight=times.in_flight[s]) for s in stages)
+    if memory is None:
+        own_memory = {s: _stage_memory(pipeline, s, 0) for s in copies}  # all but the microbatches in flight
+        memory = tuple(own_memory[stage_map[s]] for s in stages)
+    return PipelineParts(pipeline.microbatches, pipeline.schedule, chunks, per_stage(own), per_stage(own_s),
+                         per_stage(arrive), {s: start[stage_map[s]] for s in stages if stage_map[s] in start},
+                         total_transfer, {k: counted.get(k, 0) for k in COMMUNICATION}, memory,
+                         hardware.capacity_bytes)
+
+
+def price_parts(parts: PipelineParts) -> PipelineCost:
+    """The schedule simulated over `parts`: the step's `PipelineCost`."""
+    times = simulate_schedule(parts.stages, parts.microbatches, parts.schedule, parts.task_s, parts.arrive_s,
+                              parts.start_s, parts.chunks)
+    by_kind = task_work(parts.costs, parts.microbatches)[3]
+    by_kind["collective_permute"] = by_kind.get("collective_permute", 0.0) + parts.transfer_s
+    if parts.chunks == 1:
+        memory = tuple(dataclasses.replace(m, in_flight=times.in_flight[s]) for s, m in enumerate(parts.memory))
     else:
-        memory = _device_memory([own_memory[stage_map[s]] for s in stages],
-                                device_sequences(len(stage_map), pipeline.microbatches, pipeline.schedule, chunks))
-    return PipelineCost(times.makespan_s, times.idle_fraction, costs, task_s, total_transfer, memory, times,
-                        hardware.capacity_bytes, counts, by_kind, pipeline.microbatches)
+        memory = _device_memory(list(parts.memory), device_sequences(parts.stages, parts.microbatches,
+                                                                     parts.schedule, parts.chunks))
+    return PipelineCost(times.makespan_s, times.idle_fraction, parts.costs, parts.task_s, parts.transfer_s, memory,
+                        times, parts.capacity_bytes, parts.collective_counts, by_kind, parts.microbatches)
 
 
 def unnamed(fn: Function) -> tuple:
@@ -304,6 +344,23 @@ def _read_in_post(pipeline: Pipeline, t: Transfer) -> bool:
 
 def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory:
     """The stage's memory terms (module docstring)."""
+    held, curves = stage_curves(pipeline, stage)
+    transient = max((max(curve) - own for task, curve, own in curves if task.per_microbatch), default=0)
+    update = max((max(curve) for task, curve, _ in curves if not task.per_microbatch), default=0)
+    return StageMemory(*held, in_flight, transient, update)
+
+
+def stage_curves(pipeline: Pipeline, stage: int) -> tuple[tuple[int, int, int], list[tuple[Task, list[int], int]]]:
+    """The stage's resident, accumulated and stash bytes, and per task its
+    live bytes at each op beyond what those hold (`live_curve_bytes`) with
+    the part of them that is its own (`_own_bytes`): a forward's or
+    backward's transient is its curve's most less its own, the post's
+    update its curve's most. The most own values hold at once beyond the
+    others' is counted while they live: at a backward's peak the layers
+    it has passed have freed their stash, and a forward's peak comes
+    before it has made all of it; never negative (a backward holds all it
+    reads at its start, a task all it makes at its end).
+    `solver.planning.shallow` reads the curves place by place."""
     tasks = [t for t in pipeline.tasks if t.stage == stage]
     inputs = {p.name for p in pipeline.local.function.params}
     resident = {p.name: p.type.num_bytes * (pipeline.microbatches if p.name in pipeline.varying else 1)
@@ -321,28 +378,20 @@ def _stage_memory(pipeline: Pipeline, stage: int, in_flight: int) -> StageMemory
     # microbatch no sum is held before its backward: the gradients count as that backward makes them.
     kept = set(resident) | set(accumulated) | set(stash) | set(totals)
     growing = totals if pipeline.microbatches == 1 else {}
-    transient = max((_transient_bytes(t.function, kept, _own_bytes(t, stash, growing))
-                     for t in tasks if t.per_microbatch), default=0)
-    update = max((live_peak_bytes(t.function, set(resident)) for t in tasks if not t.per_microbatch), default=0)
-    return StageMemory(sum(resident.values()), 0 if growing else sum(accumulated.values()), sum(stash.values()),
-                       in_flight, transient, update)
-
-
-def _transient_bytes(fn: Function, kept: set[str], own: Mapping[str, int]) -> int:
-    """The most `fn` holds at once beyond `kept` and the whole of its `own`
-    values (by name, their bytes), which are counted only while they live:
-    the task's own part of its microbatch's stash (what a forward makes,
-    what a backward reads) and, when the sums are made by this one backward,
-    the gradients. At a backward's peak the layers it has passed have freed
-    their stash, and a forward's peak comes before it has made all of it.
-    Never negative: a backward holds all it reads at its start, a task all
-    it makes at its end."""
-    return live_peak_bytes(fn, kept - set(own)) - sum(own.values())
+    curves = []
+    for t in tasks:
+        if t.per_microbatch:
+            own = _own_bytes(t, stash, growing)
+            curves.append((t, live_curve_bytes(t.function, kept - set(own)), sum(own.values())))
+        else:
+            curves.append((t, live_curve_bytes(t.function, set(resident)), 0))
+    held = (sum(resident.values()), 0 if growing else sum(accumulated.values()), sum(stash.values()))
+    return held, curves
 
 
 def _own_bytes(task: Task, stash: Mapping[str, int], growing: Container[str]) -> dict[str, int]:
     """What of its microbatch's stash `task` makes or frees, and the
-    gradients it makes whose sums are `growing` (`_transient_bytes`)."""
+    gradients it makes whose sums are `growing` (`stage_curves`)."""
     fn, backward = task.function, task.phase == "backward"
     own = {v.name: n for v in (fn.params if backward else fn.results) if (n := stash.get(v.name))}
     if backward:
@@ -376,6 +425,11 @@ def live_peak_bytes(fn: Function, held: set[str]) -> int:
     """The most bytes a task holds at once beyond the values `held` (counted
     elsewhere): its other parameters until their last use, what it makes
     from its definition to its last use, its results until it ends."""
+    return max(live_curve_bytes(fn, held), default=0)
+
+
+def live_curve_bytes(fn: Function, held: set[str]) -> list[int]:
+    """`live_peak_bytes`'s count at each op of `fn` and after its last (n + 1 places)."""
     n = len(fn.ops)
     last: dict[str, int] = {}
     for i, op in enumerate(fn.ops):
@@ -393,8 +447,8 @@ def live_peak_bytes(fn: Function, held: set[str]) -> int:
             if r.name not in held:
                 delta[i] += r.type.num_bytes
                 delta[max(last.get(r.name, i), i) + 1] -= r.type.num_bytes
-    live = peak = 0
+    live, here = [], 0
     for i in range(n + 1):
-        live += delta[i]
-        peak = max(peak, live)
-    return peak
+        here += delta[i]
+        live.append(here)
+    return live
