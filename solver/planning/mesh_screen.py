@@ -41,6 +41,7 @@ from solver.plan import Plan
 from solver.planning.floor import manual_schedules
 from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
 from solver.planning.planner import Prepared
+from solver.planning.shallow import shallow_step_cost
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Pin, apply_schedule
 from solver.search.forked import forked_map, forks
@@ -179,8 +180,10 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         return Screened(None, resident // spec.stages, False, f"{source} (its weights and state alone exceed a "
                         "device's memory)", plan, remat)
     if not spec.pipelined:
-        lowered = lower(program.model.function, program.nda, sharding, options or LowerOptions())
-        cost = evaluate(lowered.function, hardware)
+        # From a few layers where the inner ones are equal (`solver.planning.shallow`): the same time, the
+        # peak extended (a searched mesh is priced whole).
+        cost = shallow_step_cost(program.model, program.nda, sharding, hardware, options) or evaluate(
+            lower(program.model.function, program.nda, sharding, options or LowerOptions()).function, hardware)
         return Screened(cost.step_time_s, cost.peak_memory_bytes, cost.fits, source, plan, remat)
     if spec.microbatches_auto:
         most = microbatch_counts(program.nda, program.model, plan, spec)[-1]
@@ -189,7 +192,8 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         counts = [spec.microbatch_count]
     best = None
     for k in counts:
-        cost = pipelined_cost(spec, program.model, program.nda, plan, hardware, options, microbatches=k)
+        cost = pipelined_cost(spec, program.model, program.nda, plan, hardware, options, microbatches=k,
+                              shallow=True)
         screened = Screened(cost.step_time_s, max(cost.peak_memory_bytes), cost.fits, source, plan, remat, k)
         if best is None or screened.rank < best.rank:
             best = screened

@@ -55,6 +55,7 @@ from ir.pipeline import (
 from ir.pipeline_fold import fold_pipeline
 from ir.sharding import FactorSharding
 from solver.plan import Plan
+from solver.planning.shallow import shallow_pipelined_cost
 from solver.planning.spec import Spec, SpecError
 
 
@@ -93,10 +94,14 @@ _MICROBATCH_SHARDINGS = Recent(4)  # the last few microbatch shardings, by progr
 
 
 def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                   options: LowerOptions | None = None, microbatches: int | None = None) -> PipelineCost:
+                   options: LowerOptions | None = None, microbatches: int | None = None,
+                   shallow: bool = False) -> PipelineCost:
     """`pipelined`'s cost, from the pipeline folded to its distinct stages
     where its inner stages are provably equal in classes (`ir.pipeline_fold`:
     the same price without lowering every layer), else from the whole one.
+    With `shallow` (the mesh screen's), from shallow copies of the step
+    where its inner layers are provably equal and that lowers fewer layers
+    (`solver.planning.shallow`: the same time, the peak extended).
     What the floor, the re-ranking and the choice of K price; the answer is
     made whole (a mesh search's, only its best mesh's: `planner.complete`).
 
@@ -106,21 +111,41 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     of the program splits; the floor's and the mesh screen's plans met
     again) are priced once."""
     microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches)
-    key = (id(model), id(nda), spec.stages, spec.chunks, spec.pipeline_schedule, microbatches, options, sharding)
+    key = (id(model), id(nda), spec.stages, spec.chunks, spec.pipeline_schedule, microbatches, options, sharding,
+           shallow)
     known = _PRICED.get(key)  # (the hardware is made anew per call, `Spec.hardware_obj`: it is compared)
     if known is not None and known[0] is model and known[1] is nda and known[2] == hardware:
         return known[3]
-    folded = _staged(fold_pipeline, spec, model, nda, plan, options, microbatches, sharding)
-    if folded is None:
-        pipeline = _staged(pipeline_step, spec, model, nda, plan, options, microbatches, sharding)
-        cost = with_schedule(pipeline, hardware, spec.pipeline_schedule)[1]
-    else:
-        cost = with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
+    cost = (_shallow(spec, model, nda, sharding, hardware, options) if shallow else None) or _whole_or_folded(
+        spec, model, nda, plan, hardware, options, microbatches, sharding)
     _PRICED[key] = (model, nda, hardware, cost)
     # A deep pipeline's price holds every task run of its schedule (for the trace): 100,000s at 1T.
     while len(_PRICED) > _PRICED_KEPT or sum(len(c.schedule.runs) for *_, c in _PRICED.values()) > _PRICED_RUNS:
         del _PRICED[next(iter(_PRICED))]
     return cost
+
+
+def _whole_or_folded(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
+                     options: LowerOptions | None, microbatches: int, sharding: FactorSharding) -> PipelineCost:
+    """The step priced from its stages: folded to the distinct ones where it can be, else all of them."""
+    folded = _staged(fold_pipeline, spec, model, nda, plan, options, microbatches, sharding)
+    if folded is None:
+        pipeline = _staged(pipeline_step, spec, model, nda, plan, options, microbatches, sharding)
+        return with_schedule(pipeline, hardware, spec.pipeline_schedule)[1]
+    return with_schedule(folded.pipeline, hardware, spec.pipeline_schedule, folded.stage_map, folded.chunks)[1]
+
+
+def _shallow(spec: Spec, model: Model, nda: NDA, sharding: FactorSharding, hardware: Hardware,
+             options: LowerOptions | None) -> PipelineCost | None:
+    """The step priced from its shallow copies (`solver.planning.shallow`),
+    where its stages have more layers than the copies together (not
+    interleaved: a device's chunks are not consecutive layers)."""
+    if spec.chunks != 1:
+        return None
+    try:
+        return shallow_pipelined_cost(model, nda, sharding, hardware, spec.stages, spec.pipeline_schedule, options)
+    except PipelineError:
+        return None
 
 
 def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
