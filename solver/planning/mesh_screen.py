@@ -4,7 +4,8 @@ already has, so that only the most promising few are searched.
 A search per mesh costs seconds to minutes at scale, and a thousand devices
 factor into a hundred meshes. The screen prices each mesh with the plans it
 can have without a search, by the same cost model the search answers with
-(a pipeline folded to its distinct stages, `ir.pipeline_fold`):
+(a pipeline folded to its distinct stages, `ir.pipeline_fold`; a step of
+equal layers from shallow copies of it, `solver.planning.shallow`):
 
   - the spec's named schedules whose axes the mesh has (the published
     split names `data` and `model`, and applies to every mesh with those
@@ -180,8 +181,7 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         return Screened(None, resident // spec.stages, False, f"{source} (its weights and state alone exceed a "
                         "device's memory)", plan, remat)
     if not spec.pipelined:
-        # From a few layers where the inner ones are equal (`solver.planning.shallow`): the same time, the
-        # peak extended (a searched mesh is priced whole).
+        # From a few layers where the inner ones are equal (`solver.planning.shallow`): the same price.
         cost = shallow_step_cost(program.model, program.nda, sharding, hardware, options) or evaluate(
             lower(program.model.function, program.nda, sharding, options or LowerOptions()).function, hardware)
         return Screened(cost.step_time_s, cost.peak_memory_bytes, cost.fits, source, plan, remat)

@@ -101,7 +101,7 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     the same price without lowering every layer), else from the whole one.
     With `shallow` (the mesh screen's), from shallow copies of the step
     where its inner layers are provably equal and that lowers fewer layers
-    (`solver.planning.shallow`: the same time, the peak extended).
+    (`solver.planning.shallow`: the same price, the times to float rounding).
     What the floor, the re-ranking and the choice of K price; the answer is
     made whole (a mesh search's, only its best mesh's: `planner.complete`).
 
