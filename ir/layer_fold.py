@@ -44,7 +44,7 @@ from ir.lower import Lowered, LoweringError, LowerOptions, lower_ops
 from ir.models.base import Model
 from ir.nda import NDA
 from ir.pipeline import layer_stages
-from ir.pipeline_fold import _Layout, _layout, _Stages, _twins
+from ir.pipeline_fold import StageLayout, StageReads, equal_stages, stage_layout
 from ir.remat import layer_count
 from ir.sharding import FactorSharding
 
@@ -99,8 +99,8 @@ def shallow_steps(model: Model, nda: NDA, sharding: FactorSharding, stages: int 
     sizes = [sum(1 for s in per_stage.values() if s == stage) for stage in range(stages)]
     if layers < 3 or min(sizes, default=0) <= sum(counts):
         return None
-    layout = _layout(model, layers)  # each layer a stage of its own
-    twin = _TWINS.get((fn, nda), sharding, lambda: _twins(fn, nda, sharding, layout))
+    layout = stage_layout(model, layers)  # each layer a stage of its own
+    twin = _TWINS.get((fn, nda), sharding, lambda: equal_stages(fn, nda, sharding, layout))
     if any(twin[v] != twin[1] for v in range(1, layers - 1)):
         return None
     first = [min(v for v, s in per_stage.items() if s == stage) for stage in range(stages)]
@@ -118,7 +118,7 @@ def shallow_steps(model: Model, nda: NDA, sharding: FactorSharding, stages: int 
     return out
 
 
-def _places(fn: Function, layout: _Layout) -> dict[str, tuple]:
+def _places(fn: Function, layout: StageLayout) -> dict[str, tuple]:
     """Each op's result and each parameter of `fn` (one layer a stage of
     `layout`): its layer's role and its place in the layer (`Shallow.place`).
     A parameter is its first reader's layer's, placed among that layer's
@@ -135,7 +135,7 @@ def _places(fn: Function, layout: _Layout) -> dict[str, tuple]:
     return places
 
 
-def _copy(model: Model, nda: NDA, sharding: FactorSharding, layout: _Layout, twin: list[int], kept: set[int],
+def _copy(model: Model, nda: NDA, sharding: FactorSharding, layout: StageLayout, twin: list[int], kept: set[int],
           stage: Mapping[int, int], stage_map: Sequence[int], options: LowerOptions | None) -> tuple | None:
     """One copy keeping the layers `kept` (`stage`: each layer's stage of the
     step; `stage_map`: each stage's of the copy): (lowered, each local
@@ -143,7 +143,7 @@ def _copy(model: Model, nda: NDA, sharding: FactorSharding, layout: _Layout, twi
     the step), or None."""
     fn = model.function
     members, stage_of = layout.members, layout.stage_of
-    layers = _Stages(fn, stage_of, members, twin)
+    layers = StageReads(fn, stage_of, members, twin)
     substitute: dict[Value, Value] = {}
     constants: set[int] = set()  # made from constants alone in a layer left out: made here too, as read
     # A value's stand-in is chosen at its first read (the remat of a layer reads its input again, later).
@@ -194,7 +194,7 @@ def _made_from(fn: Function, constant: Mapping[Value, int], v: Value) -> set[int
     return out
 
 
-def _stand_in(layers: _Stages, kept: set[int], s: int, q: int, i: int, a: int, v: Value, src: int) -> Value | None:
+def _stand_in(layers: StageReads, kept: set[int], s: int, q: int, i: int, a: int, v: Value, src: int) -> Value | None:
     """The kept value read in place of `v` (module docstring): the latest made
     before op `i` of the values at v's place in a kept layer equal to v's,
     or of the values a layer equal to `s` reads at the same operand from a

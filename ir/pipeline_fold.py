@@ -109,9 +109,9 @@ def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tu
 def _cut_afresh(model: Model, nda: NDA, sharding: FactorSharding, stages: int) -> tuple | None:
     """`_cut`, not kept."""
     fn = model.function
-    layout = _layout(model, stages)
+    layout = stage_layout(model, stages)
     stage_of, members, readers = layout.stage_of, layout.members, layout.readers
-    twin = _twins(fn, nda, sharding, layout)
+    twin = equal_stages(fn, nda, sharding, layout)
     picked = _stand_ins(fn, stage_of, members, twin)
     cut = None
     if picked is not None and len(picked[0]) < stages:
@@ -134,7 +134,7 @@ def _cut_afresh(model: Model, nda: NDA, sharding: FactorSharding, stages: int) -
 
 
 @dataclass(frozen=True, slots=True)
-class _Layout:
+class StageLayout:
     """What the cut reads of the step and its stages whatever the plan: the
     stage of every value, each stage's ops, each value's readers, the
     parameters, the values that vary with the batch, those made from
@@ -148,21 +148,21 @@ class _Layout:
     constant: Mapping[Value, int]
 
 
-_LAYOUTS = Recent(8)  # the last few `_layout`s, by program identity and stages
+_LAYOUTS = Recent(8)  # the last few `stage_layout`s, by program identity and stages
 
 
-def _layout(model: Model, stages: int) -> _Layout:
-    """The step's `_Layout` on `stages` stages, kept for the last few: a mesh
+def stage_layout(model: Model, stages: int) -> StageLayout:
+    """The step's `StageLayout` on `stages` stages, kept for the last few: a mesh
     search cuts the same program on the same stages under hundreds of plans."""
     fn = model.function
 
-    def make() -> _Layout:
+    def make() -> StageLayout:
         stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
         varying = {p for p in fn.params if p.name in model.inputs}
         for op in fn.ops:
             if any(v in varying for v in op.operands):
                 varying.update(op.results)
-        return _Layout(stage_of, _stage_members(fn, stage_of, stages), users(fn), frozenset(fn.params),
+        return StageLayout(stage_of, _stage_members(fn, stage_of, stages), users(fn), frozenset(fn.params),
                        frozenset(varying), _constants(fn))
 
     return _LAYOUTS.get((fn,), stages, make)
@@ -176,7 +176,7 @@ def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> li
     return members
 
 
-def _twins(fn: Function, nda: NDA, sharding: FactorSharding, layout: _Layout) -> list[int]:
+def equal_stages(fn: Function, nda: NDA, sharding: FactorSharding, layout: StageLayout) -> list[int]:
     """Per stage, the first stage equal to it but for names (module
     docstring): itself for the first and the last stage and for an inner
     stage unlike every inner stage before it."""
@@ -234,7 +234,7 @@ def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int
     stages, `twin`, and any later stage a backward needs) and, for each value
     a kept stage reads from a stage left out, the kept value read in its
     place (module docstring); None when some read has no stand-in."""
-    stages = _Stages(fn, stage_of, members, twin)
+    stages = StageReads(fn, stage_of, members, twin)
     kept = set(twin)
     while True:
         substitute: dict[Value, Value] = {}
@@ -251,7 +251,7 @@ def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int
 
 
 @dataclass(frozen=True)
-class _Stages:
+class StageReads:
     """The step's ops by stage, for finding stand-ins."""
 
     fn: Function
@@ -298,4 +298,4 @@ class _Stages:
         return None
 
 
-__all__ = ["Folded", "fold_pipeline"]
+__all__ = ["Folded", "StageLayout", "StageReads", "equal_stages", "fold_pipeline", "stage_layout"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_pipeline_fold import GPT
 
 from costmodel.evaluate import evaluate
 from ir.layer_fold import extend, shallow_steps
@@ -23,38 +24,12 @@ from solver.planning.planner import plan_spec
 from solver.planning.shallow import shallow_step_cost
 from solver.planning.spec import parse_spec
 
-GPT = """
-model:
-  builder: transformer
-  args: {{layers: {layers}, d_model: 64, heads: 4, head_dim: 16, mlp_hidden: 256, vocab: 512, seq: 32, batch: 16,
-          norm: layer, tied_embeddings: {tied}}}
-  step: train
-devices: {devices}
-mesh: {mesh}
-pipeline: {{microbatches: {k}}}
-hardware:
-  preset: A100-80GB
-  links: {{pipeline: infiniband}}
-schedules:
-  BP:
-    tactics:
-      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
-  BP+MP+R:
-    tactics:
-      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
-      - manual: {{axis: model, values: {{"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}}
-      - remat: {{values: ["layers.*"]}}
-  ZeRO:
-    tactics:
-      - {{manual: {{axis: batch, values: {{batch.tokens: 0}}}}}}
-      - manual: {{axis: model, values: {{"layers.*.mlp.w_up": 0, "layers.*.mlp.w_down": 1}}}}
-"""
-
 
 def _spec(layers, stages=1, k=1, tied=True):
-    mesh = "{batch: 2, model: 2}" if stages == 1 else f"{{pipeline: {stages}, batch: 2, model: 2}}"
-    text = GPT.format(layers=layers, tied=str(tied).lower(), devices=4 * stages, mesh=mesh, k=k)
-    if stages == 1:  # gradient accumulation with k > 1
+    """test_pipeline_fold's GPT; with one stage, no pipeline axis (gradient accumulation where k > 1)."""
+    text = GPT.format(layers=layers, stages=stages, k=k, tied=str(tied).lower(), devices=4 * stages)
+    if stages == 1:
+        text = text.replace("mesh: {pipeline: 1, batch: 2, model: 2}", "mesh: {batch: 2, model: 2}")
         text = text.replace(f"pipeline: {{microbatches: {k}}}\n", f"microbatches: {k}\n" if k > 1 else "")
         text = text.replace("  links: {pipeline: infiniband}\n", "")
     return parse_spec(text, "gpt.yaml")
