@@ -32,10 +32,10 @@ consumer's).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ir.core import IRError, Mesh, TensorType, Value
+from ir.core import IRError, Mesh, Recent, TensorType, Value
 from ir.nda import NDA
 
 DimAxes = tuple[tuple[str, ...], ...]
@@ -90,20 +90,29 @@ def local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:
     return ty.with_shape(tuple(shape))
 
 
-def _spread(nda: NDA, start: int, claim) -> None:
-    """Breadth-first from `start` along map M, through I-classes `claim` accepts."""
-    if not claim(start):
-        return
-    frontier, seen = [start], {start}
-    while frontier:
-        nxt = []
-        for k in frontier:
-            for n in nda.neighbors[k]:
-                if n not in seen:
-                    seen.add(n)
-                    if claim(n):
-                        nxt.append(n)
-        frontier = nxt
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What `materialize` reads of each I-class, as flat lists: its size,
+    whether block sharding may split it, and its owner (op or parameter) as
+    a number. Made once per analysis: a large program has 100,000s of
+    I-classes, and a mesh search materializes hundreds of plans of it."""
+
+    sizes: list[int]
+    unshardable: frozenset[int]
+    owners: list[int]
+
+
+_FACTS = Recent(4)
+
+
+def _facts(nda: NDA) -> _Facts:
+    def make() -> _Facts:
+        numbers: dict[tuple, int] = {}
+        owners = [numbers.setdefault(ic.owner[:2], len(numbers)) for ic in nda.iclasses]
+        return _Facts([ic.size for ic in nda.iclasses],
+                      frozenset(k for k, ic in enumerate(nda.iclasses) if not ic.shardable), owners)
+
+    return _FACTS.get((nda,), None, make)
 
 
 def materialize(
@@ -118,45 +127,70 @@ def materialize(
     deselected: set[int] = set()
     for cls in range(len(nda.resolution_classes)):
         deselected |= nda.resolutions(cls)[resolutions.get(cls, 0)]
-    blocked = set(replicated)
-    axes: list[list[str]] = [[] for _ in nda.iclasses]
-    split = [1] * len(nda.iclasses)  # the devices each I-class is split over so far
-    used: dict[tuple, set[str]] = {}
-    iclasses = nda.iclasses
-
-    def take(k: int, axis: str, size: int) -> bool:
-        """Shard I-class k along `axis` if the rules allow it."""
-        ic = iclasses[k]
-        if not ic.shardable or k in deselected or (k, axis) in blocked or ic.size % (split[k] * size):
-            return False
-        owner = ic.owner[:2]
-        owner_axes = used.get(owner)
-        if owner_axes is None:
-            owner_axes = used[owner] = set()
-        elif axis in owner_axes:
-            return False
-        axes[k].append(axis)
-        split[k] *= size
-        owner_axes.add(axis)
-        return True
-
+    state = _Claims(nda, deselected, set(replicated))
     for decision in decisions:
-        size = mesh.size(decision.axis)
+        claim = state.on(decision.axis, mesh.size(decision.axis))
         if decision.only is None:
             for k in nda.color_iclasses[decision.color]:
-                take(k, decision.axis, size)
+                claim(k)
         elif decision.spread:
-            axis = decision.axis
-
-            # Deselected I-classes are passed through, not stopped at: a resolution
-            # unshards one side of a conflict, not the rest of the color beyond it.
-            def claim(k: int, axis: str = axis, size: int = size) -> bool:
-                return axis in axes[k] or k in deselected or take(k, axis, size)
-
-            _spread(nda, decision.only, claim)
+            state.spread(decision.only, decision.axis, claim)
         else:
-            take(decision.only, decision.axis, size)
+            claim(decision.only)
     # One tuple per distinct assignment, shared by its I-classes: a large program's shardings are kept
     # (the planner's caches), and most of its I-classes are unsharded or take the same one or two axes.
     shared: dict[tuple[str, ...], tuple[str, ...]] = {}
-    return FactorSharding(mesh, tuple(shared.setdefault(t, t) for t in map(tuple, axes)))
+    axes: list[tuple[str, ...]] = [()] * len(nda.iclasses)
+    for k, taken in state.axes.items():
+        axes[k] = shared.setdefault(tuple(taken), tuple(taken))
+    return FactorSharding(mesh, tuple(axes))
+
+
+class _Claims:
+    """`materialize`'s state: the axes of each I-class taken so far (most
+    take none) and the devices it is split over, and each axis's owners (an
+    owner uses an axis once)."""
+
+    def __init__(self, nda: NDA, deselected: set[int], blocked: set[tuple[int, str]]) -> None:
+        facts = _facts(nda)
+        self.sizes, self.owners, self.neighbors = facts.sizes, facts.owners, nda.neighbors
+        self.deselected, self.blocked = deselected, blocked
+        self.stopped = facts.unshardable | deselected  # never taken
+        self.axes: dict[int, list[str]] = {}
+        self.split = [1] * len(nda.iclasses)
+        self.used: dict[str, set[int]] = {}
+
+    def on(self, axis: str, size: int) -> Callable[[int], bool]:
+        """Shard an I-class along `axis` (of `size` devices) if the rules allow it."""
+        sizes, owners, stopped, blocked, axes, split = (self.sizes, self.owners, self.stopped, self.blocked,
+                                                        self.axes, self.split)
+        on_axis = self.used.setdefault(axis, set())
+
+        def take(k: int) -> bool:
+            if k in stopped or (k, axis) in blocked or sizes[k] % (split[k] * size) or owners[k] in on_axis:
+                return False
+            axes.setdefault(k, []).append(axis)
+            split[k] *= size
+            on_axis.add(owners[k])
+            return True
+
+        return take
+
+    def spread(self, start: int, axis: str, take: Callable[[int], bool]) -> None:
+        """Breadth-first from `start` along map M, through the I-classes the
+        axis shards. Deselected I-classes are passed through, not stopped at:
+        a resolution unshards one side of a conflict, not the rest of the
+        color beyond it."""
+        axes, deselected, neighbors = self.axes, self.deselected, self.neighbors
+        if not (axis in axes.get(start, ()) or start in deselected or take(start)):
+            return
+        frontier, seen = [start], {start}
+        while frontier:
+            reached = []
+            for k in frontier:
+                for n in neighbors[k]:
+                    if n not in seen:
+                        seen.add(n)
+                        if axis in axes.get(n, ()) or n in deselected or take(n):
+                            reached.append(n)
+            frontier = reached

@@ -235,3 +235,41 @@ def test_meshes_screened_in_processes_are_screened_alike(tmp_path):
         run._screen(screens[jobs])
     assert len(screens[1]) > 2
     assert {m: s for m, (s, _) in screens[1].items()} == {m: s for m, (s, _) in screens[2].items()}
+
+
+def test_a_searched_meshs_floor_reads_the_pipelines_its_screen_priced(screened, monkeypatch):
+    """The floor of a pipelined mesh's search prices its named schedules at
+    the screen's count of microbatches: the screen priced them already, and
+    the search reads those figures (`Priced`) rather than pricing again."""
+    import solver.planning.planner as planner
+
+    path, search = screened
+    tried = [t for t in search.tried if t.searched and t.planned is not None and t.planned.spec.stages > 1
+             and t.planned.floor is not None]
+    assert tried  # the fixture searches a pipelined mesh with a floor
+    read = 0
+    for t in tried:
+        known = {(p.remat, p.plan, p.microbatches): p for p in t.screened.priced}
+        for expert in t.planned.floor.experts:
+            p = known.get((expert.remat, expert.plan, t.planned.spec.microbatches))
+            if p is None:
+                continue
+            read += 1
+            assert (expert.step_time_s, expert.peak_memory_bytes, expert.fits) == (p.step_time_s,
+                                                                                  p.peak_memory_bytes, p.fits)
+            program = prepare(t.planned.spec, expert.remat)
+            whole = pipelined_cost(t.planned.spec, program.model, program.nda, expert.plan,
+                                   t.planned.spec.hardware_obj())
+            assert whole.step_time_s == pytest.approx(p.step_time_s, rel=1e-12) and whole.fits == p.fits
+    assert read
+    # Searched again with and without the screen's prices: only without are the named schedules priced.
+    t = tried[0]
+    named = {e.plan for e in t.planned.floor.experts if e.plan is not None}
+    real = planner.pipelined_cost
+    for known, expected in ((t.screened.priced, False), ((), True)):
+        priced = []
+        monkeypatch.setattr(planner, "pipelined_cost", lambda spec, model, nda, plan, *a, **kw: priced.append(plan)
+                            or real(spec, model, nda, plan, *a, **kw))
+        again = planner.plan_spec(t.planned.spec, "cpsat", whole=False, known=known)
+        assert again.plan == t.planned.plan
+        assert bool(named & set(priced)) == expected

@@ -52,6 +52,21 @@ class Expert:
 
 
 @dataclass(frozen=True, slots=True)
+class Priced:
+    """A pipelined step's figures under one plan at one count of
+    microbatches, priced elsewhere: the mesh screen prices each mesh's named
+    schedules, and that mesh's search then reads them for its floor rather
+    than pricing the same pipelines again (`planner._Programs.figures`)."""
+
+    remat: tuple[str, ...]
+    plan: Plan
+    microbatches: int
+    step_time_s: float
+    peak_memory_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Floor:
     """The named schedules priced (`experts`, in the spec's order) and the
     fastest that fits (`best`, None if none does)."""
@@ -75,8 +90,9 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     `prepare(remat)` gives the program with those layers rematerialized
     (`planner.prepare`, memoized by the caller); `table(remat, hardware)`, if
     given, its cost table (the planner's, which the search then reuses);
-    `pipeline(remat, plan, options)`, if given, the cost of a pipelined
-    spec's step under a plan (the planner's, memoized)."""
+    `pipeline(remat, plan, options)`, if given, a pipelined spec's step
+    time, peak memory and whether it fits under a plan (the planner's:
+    memoized, or known from the mesh screen)."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
@@ -88,9 +104,11 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
             plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name))
             if spec.pipelined:
-                cost = pipeline(remat, plan, options) if pipeline is not None else \
-                    pipelined_cost(spec, prepared.model, prepared.nda, plan, hardware, options)
-                step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
+                if pipeline is not None:
+                    step, peak, fits = pipeline(remat, plan, options)
+                else:
+                    cost = pipelined_cost(spec, prepared.model, prepared.nda, plan, hardware, options)
+                    step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:
                 if remat not in tables:
                     tables[remat] = table(remat, hardware) if table is not None else \

@@ -29,6 +29,7 @@ count searched (`--search-meshes`) trades time for that risk.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from ir.core import IRError
 from ir.lower import LowerOptions, lower
 from ir.sharding import local_type
 from solver.plan import Plan
-from solver.planning.floor import manual_schedules
+from solver.planning.floor import Priced, manual_schedules
 from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
 from solver.planning.planner import Prepared
 from solver.planning.shallow import shallow_step_cost
@@ -60,6 +61,7 @@ class Screened:
     plan: Plan | None = None
     remat: tuple[str, ...] = ()
     microbatches: int | None = None  # the K screened, for a pipeline or gradient accumulation
+    priced: tuple[Priced, ...] = ()  # every pipeline the screen priced (the mesh's search reads them)
 
     @property
     def rank(self) -> tuple[bool, float]:
@@ -138,7 +140,7 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
     if seed is not None:
         plans.append((seed[0], seed[1], seed[2], ""))
     best: Screened | None = None
-    failures = []
+    failures, priced = [], []
     for source, remat, plan, error in plans:
         if plan is None:
             failures.append(f"{source}: {error}")
@@ -148,12 +150,13 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
         except (IRError, SpecError) as exc:
             failures.append(f"{source}: {exc}")
             continue
+        priced.extend(screened.priced)
         if best is None or screened.rank < best.rank:
             best = screened
     if best is None:
         return Screened(None, None, False, "; ".join(failures) or "no plan to screen with (no named schedule "
                                                                   "applies to this mesh)")
-    return best
+    return dataclasses.replace(best, priced=tuple(priced))
 
 
 def _program(spec: Spec, schedule: str, built: dict[tuple[str, ...], Prepared], prepare) -> Prepared:
@@ -190,17 +193,18 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
         counts = [most] if spec.stages > 1 else sorted({1, most})
     else:
         counts = [spec.microbatch_count]
-    best = None
+    best, priced = None, []
     for k in counts:
         cost = pipelined_cost(spec, program.model, program.nda, plan, hardware, options, microbatches=k,
                               shallow=True)
         screened = Screened(cost.step_time_s, max(cost.peak_memory_bytes), cost.fits, source, plan, remat, k)
+        priced.append(Priced(remat, plan, k, screened.step_time_s, screened.peak_memory_bytes, screened.fits))
         if best is None or screened.rank < best.rank:
             best = screened
         if cost.fits and spec.stages == 1:  # more microbatches are no faster (`choose_microbatches`)
             break
     assert best is not None
-    return best
+    return dataclasses.replace(best, priced=tuple(priced))
 
 
 __all__ = ["ScreenJob", "Screened", "mesh_shape", "screen_mesh", "screen_meshes"]

@@ -264,7 +264,8 @@ class _Meshes:
             hint, hint_remat = screened.plan, screened.remat
         try:
             planned = plan_spec(spec, self.solver, self.options, self.overrides, self.progress, built=self.built,
-                                hint=hint, hint_remat=hint_remat, whole=False)
+                                hint=hint, hint_remat=hint_remat, whole=False,
+                                known=screened.priced if screened is not None else ())
             message = planned.search[-1].message if planned.search else ""
         except (NoPlanFits, SpecError) as exc:  # SpecError: this mesh cannot run the step (more stages than layers)
             planned, message = None, str(exc).removeprefix(f"{self.filename}: ")
@@ -327,7 +328,9 @@ class _Meshes:
         for job, (screened, seconds) in zip(todo, done):
             if job.mesh in screens:
                 before, spent = screens[job.mesh]
-                screens[job.mesh] = (min((before, screened), key=lambda x: x.rank), spent + seconds)
+                kept = min((before, screened), key=lambda x: x.rank)
+                screens[job.mesh] = (dataclasses.replace(kept, priced=before.priced + screened.priced),
+                                     spent + seconds)
             else:
                 screens[job.mesh] = (screened, seconds)
 

@@ -28,7 +28,7 @@ from ir.pipeline import Pipeline
 from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
-from solver.planning.floor import Floor, expert_floor
+from solver.planning.floor import Floor, Priced, expert_floor
 from solver.planning.pipelining import (
     as_cost,
     microbatch_counts,
@@ -129,7 +129,8 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
               overrides: SearchOverrides | None = None, progress: Progress = SILENT,
               schedule: str | None = None, prepared: Prepared | None = None, hint: Plan | None = None,
               floor: bool = True, built: dict[tuple[str, ...], Prepared] | None = None,
-              hint_remat: tuple[str, ...] | None = None, whole: bool = True) -> Planned:
+              hint_remat: tuple[str, ...] | None = None, whole: bool = True,
+              known: tuple[Priced, ...] = ()) -> Planned:
     """Run one of the spec's schedules (`schedule`: a name under `schedules:`;
     None: the default, see `Spec.schedule_name`) and lower the plan.
     `solver="none"` runs the schedule as written (its auto tactics with their
@@ -147,14 +148,17 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     than, the fastest named schedule that fits (`solver.planning.floor`).
     Not `whole`: a pipelined answer is priced folded, as the search priced
     it, and not lowered (`lowered` and `pipeline` None) until `complete`
-    makes it whole (a mesh search lowers only its best mesh's)."""
+    makes it whole (a mesh search lowers only its best mesh's), and from
+    shallow copies of the step where that lowers fewer layers. `known`:
+    pipelines priced already with `options` (a mesh screen's), which the
+    floor reads rather than prices again."""
     remat = spec.remat(schedule)
-    programs = _Programs(spec, prepared, built, whole)
+    programs = _Programs(spec, prepared, built, whole, known)
     experts = None
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options, programs.table, programs.priced)
+        experts = expert_floor(spec, programs, options, programs.table, programs.figures)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
@@ -189,7 +193,8 @@ class _Programs:
     """The spec's programs by rematerialized layers, each built once, and
     their cost tables, one per hardware: shared by the floor and the search."""
 
-    def __init__(self, spec: Spec, prepared: Prepared | None, built: dict | None = None, whole: bool = True) -> None:
+    def __init__(self, spec: Spec, prepared: Prepared | None, built: dict | None = None, whole: bool = True,
+                 known: tuple[Priced, ...] = ()) -> None:
         self.spec, self.whole = spec, whole  # whole: answers are lowered and their pipelines made whole
         self.built = {} if built is None else built
         if prepared is not None:
@@ -197,6 +202,7 @@ class _Programs:
         self.tables: dict[tuple[str, ...], list] = {}  # remat -> [(hardware, CostTable)]
         self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> made
         self.prices: dict[tuple, PipelineCost] = {}  # (remat, plan, options) -> priced
+        self.known = {(p.remat, p.plan, p.microbatches): p for p in known}  # priced elsewhere (`plan_spec`)
 
     def pipelined(self, remat: tuple[str, ...], plan: Plan,
                   options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
@@ -218,9 +224,20 @@ class _Programs:
             return self.pipelines[key][1]
         if key not in self.prices:
             program = self(remat)
+            # Not whole (a mesh search's meshes): from shallow copies of the step where they lower fewer
+            # layers, as the mesh screen priced it; the answer's price is made whole (`complete`).
             self.prices[key] = pipelined_cost(self.spec, program.model, program.nda, plan,
-                                              self.spec.hardware_obj(), options)
+                                              self.spec.hardware_obj(), options, shallow=not self.whole)
         return self.prices[key]
+
+    def figures(self, remat: tuple[str, ...], plan: Plan, options: LowerOptions | None) -> tuple[float, int, bool]:
+        """The step time, peak memory and fit of `priced`, read from `known`
+        where the spec's count of microbatches was priced there (the floor's)."""
+        if not self.spec.microbatches_auto and (remat, plan, self.spec.microbatch_count) in self.known:
+            known = self.known[remat, plan, self.spec.microbatch_count]
+            return known.step_time_s, known.peak_memory_bytes, known.fits
+        cost = self.priced(remat, plan, options)
+        return cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
 
     def __call__(self, remat: tuple[str, ...]) -> Prepared:
         if remat not in self.built:
