@@ -110,7 +110,7 @@ def pipelined_cost(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Har
     that differ in decisions but shard alike (a decision on a color nothing
     of the program splits; the floor's and the mesh screen's plans met
     again) are priced once."""
-    microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches)
+    microbatches, sharding = _microbatched(spec, model, nda, plan, hardware, options, microbatches, shallow)
     key = (id(model), id(nda), spec.stages, spec.chunks, spec.pipeline_schedule, microbatches, options, sharding,
            shallow)
     known = _PRICED.get(key)  # (the hardware is made anew per call, `Spec.hardware_obj`: it is compared)
@@ -149,17 +149,18 @@ def _shallow(spec: Spec, model: Model, nda: NDA, sharding: FactorSharding, hardw
 
 
 def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                  options: LowerOptions | None, microbatches: int | None) -> tuple[int, FactorSharding]:
+                  options: LowerOptions | None, microbatches: int | None,
+                  shallow: bool = False) -> tuple[int, FactorSharding]:
     """The count of microbatches `plan` runs with (`pipelined`'s default) and
     one microbatch's factor sharding (`ir.pipeline.microbatch_sharding`,
-    kept for the last few: choosing K prices the count it then returns);
-    a PipelineError as the spec's error."""
+    kept for the last few: choosing K prices the count it then returns,
+    `shallow` or not as the caller will); a PipelineError as the spec's error."""
     try:
         # Before anything is materialized: a mesh search meets many meshes of more stages than layers.
         if spec.stages * spec.chunks > 1:
             check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
         if microbatches is None and spec.microbatches_auto:
-            microbatches = choose_microbatches(spec, model, nda, plan, hardware, options)
+            microbatches = choose_microbatches(spec, model, nda, plan, hardware, options, shallow)
         k = microbatches or spec.microbatch_count
         return k, _MICROBATCH_SHARDINGS.get((model, nda), (plan, k), lambda: microbatch_sharding(
             model, nda, plan.mesh, plan.decisions, k, dict(plan.resolutions), plan.replicated))
@@ -198,7 +199,7 @@ def microbatch_counts(nda: NDA, model: Model, plan: Plan, spec: Spec | None = No
 
 
 def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                        options: LowerOptions | None = None) -> int:
+                        options: LowerOptions | None = None, shallow: bool = False) -> int:
     """`microbatches: auto`: the count that gives the plan's fastest
     pipelined step that fits (the smaller count on a tie), else the
     smallest peak; the counts are those that split the batch
@@ -219,17 +220,17 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
     counts = microbatch_counts(nda, model, plan, spec)
     if spec.stages * spec.chunks == 1:
         for k in counts:
-            cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
+            cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k, shallow=shallow)
             if cost.fits:
                 return k
-        return _smallest_peak(spec, model, nda, plan, hardware, options, counts)
+        return _smallest_peak(spec, model, nda, plan, hardware, options, counts, shallow)
     ideal = _least_compute_s(model, spec.mesh_obj().num_devices, hardware)
     best = None
     for k in sorted(counts, reverse=True):
         if best is not None and not best[0][0] and ideal / (1 - bubble_fraction(spec.stages * spec.chunks, k,
                                                                                  spec.chunks)) > best[0][1]:
             continue
-        cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k)
+        cost = pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k, shallow=shallow)
         key = (not cost.fits, cost.step_time_s if cost.fits else max(cost.peak_memory_bytes))
         if best is None or key <= best[0]:
             best = (key, k)
@@ -238,10 +239,10 @@ def choose_microbatches(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware
 
 
 def _smallest_peak(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hardware,
-                   options: LowerOptions | None, counts: list[int]) -> int:
+                   options: LowerOptions | None, counts: list[int], shallow: bool) -> int:
     """The count of the smallest peak where none fits (the smaller count on a tie)."""
-    peaks = {k: max(pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k).peak_memory_bytes)
-             for k in counts}
+    peaks = {k: max(pipelined_cost(spec, model, nda, plan, hardware, options, microbatches=k,
+                                   shallow=shallow).peak_memory_bytes) for k in counts}
     return min(counts, key=peaks.__getitem__)
 
 
