@@ -241,17 +241,30 @@ def test_a_searched_meshs_floor_reads_the_pipelines_its_screen_priced(screened, 
     """The floor of a pipelined mesh's search prices its named schedules at
     the screen's count of microbatches: the screen priced them already, and
     the search reads those figures (`Priced`) rather than pricing again."""
+    path, search = screened
+    _floor_reads_the_screen(search, monkeypatch, stages=lambda n: n > 1)
+
+
+def test_an_accumulating_meshs_floor_reads_one_microbatch_where_it_fits(tmp_path, monkeypatch):
+    # Without a pipeline axis, `microbatches: auto` takes the first count that fits, and one is the
+    # first: where the screen priced one microbatch and it fits, the floor reads it.
+    path = tmp_path / "gpt.yaml"
+    path.write_text(GPT.replace("mesh: {pipeline: auto, data: auto, model: auto}", "mesh: {data: auto, model: auto}"))
+    _floor_reads_the_screen(plan_meshes(path, "cpsat", searched=2), monkeypatch, stages=lambda n: n == 1)
+
+
+def _floor_reads_the_screen(search, monkeypatch, stages) -> None:
     import solver.planning.planner as planner
 
-    path, search = screened
-    tried = [t for t in search.tried if t.searched and t.planned is not None and t.planned.spec.stages > 1
-             and t.planned.floor is not None]
-    assert tried  # the fixture searches a pipelined mesh with a floor
+    tried = [t for t in search.tried if t.searched and t.planned is not None and stages(t.planned.spec.stages)
+             and t.planned.floor is not None and t.planned.spec.pipelined]
+    assert tried  # the search has such a mesh
     read = 0
     for t in tried:
         known = {(p.remat, p.plan, p.microbatches): p for p in t.screened.priced}
         for expert in t.planned.floor.experts:
-            p = known.get((expert.remat, expert.plan, t.planned.spec.microbatches))
+            k = 1 if t.planned.spec.microbatches_auto else t.planned.spec.microbatch_count
+            p = known.get((expert.remat, expert.plan, k))
             if p is None:
                 continue
             read += 1

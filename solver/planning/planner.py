@@ -232,9 +232,15 @@ class _Programs:
 
     def figures(self, remat: tuple[str, ...], plan: Plan, options: LowerOptions | None) -> tuple[float, int, bool]:
         """The step time, peak memory and fit of `priced`, read from `known`
-        where the spec's count of microbatches was priced there (the floor's)."""
-        if not self.spec.microbatches_auto and (remat, plan, self.spec.microbatch_count) in self.known:
-            known = self.known[remat, plan, self.spec.microbatch_count]
+        where the count of microbatches it prices was priced there (the
+        floor's): the spec's, or under `microbatches: auto` with one stage,
+        one microbatch where it fits (`choose_microbatches` takes the first
+        count that fits, and one is the first)."""
+        spec = self.spec
+        k = 1 if spec.microbatches_auto and spec.stages * spec.chunks == 1 else \
+            None if spec.microbatches_auto else spec.microbatch_count
+        known = self.known.get((remat, plan, k))
+        if known is not None and (known.fits or not spec.microbatches_auto):
             return known.step_time_s, known.peak_memory_bytes, known.fits
         cost = self.priced(remat, plan, options)
         return cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
