@@ -64,6 +64,20 @@ class Builder:
         self.params.extend(fn.params)
         self.body.extend(fn.ops)
 
+    def add_param(self, value: Value) -> None:
+        """A parameter made elsewhere, named as a verified program names one
+        (`ir.lower`: a global parameter's local form)."""
+        self.take_name(value.name)
+        self.params.append(value)
+
+    def take_name(self, name: str) -> None:
+        """Reserve the name of a result made elsewhere: `ir.lower` replays the
+        ops it lowered once (their types already inferred), appending them
+        to `body` itself; `build` verifies them with the rest."""
+        if name in self._names:
+            raise IRError(f"value name %{name} is already used in @{self.name}")
+        self._names.add(name)
+
     def op(self, kind: str, operands: Sequence[Value], name: str | None = None, **attrs: Any) -> Value:
         """Emit a single-result op and return its result."""
         return self.emit(kind, operands, name, attrs)

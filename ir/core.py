@@ -328,15 +328,23 @@ class Recent:
         self.entries: dict[tuple, tuple[tuple, Any]] = {}
 
     def get(self, objects: tuple, key: Hashable, make: Callable[[], Any]) -> Any:
+        value = self.find(objects, key)
+        if value is None:
+            value = make()
+            self.put(objects, key, value)
+        return value
+
+    def find(self, objects: tuple, key: Hashable) -> Any:
+        """The result kept for these objects and key, or None."""
+        known = self.entries.get((tuple(map(id, objects)), key))
+        return known[1] if known is not None and all(a is b for a, b in zip(known[0], objects)) else None
+
+    def put(self, objects: tuple, key: Hashable, value: Any) -> None:
+        """Keep `value` (not None) for these objects and key, forgetting the oldest kept past `kept`."""
         full = (tuple(map(id, objects)), key)
-        known = self.entries.get(full)
-        if known is not None and all(a is b for a, b in zip(known[0], objects)):
-            return known[1]
-        value = make()
-        if len(self.entries) >= self.kept:
+        if full not in self.entries and len(self.entries) >= self.kept:
             del self.entries[next(iter(self.entries))]
         self.entries[full] = (objects, value)
-        return value
 
 
 _USERS = Recent(2)

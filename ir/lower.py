@@ -31,6 +31,9 @@ sharding:
     `localize` rule.
 
 Parameters and results become per-device types; results are fully reduced.
+An op is lowered afresh the first time its case (signature, factors' axes,
+operands' states) is met on a program and mesh, and replayed from that
+time's recipe after (`_Recipe`): a step of repeated layers meets few cases.
 Option `reuse_resharded`: a resharded value (e.g. an all_gathered parameter)
 is kept and reused by later uses needing the same layout (XLA's choice:
 fewer collectives, more live memory), or, by default, resharded again at
@@ -42,10 +45,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ir import ops
 from ir.builder import Builder
-from ir.core import Function, IRError, Op, Value, users
+from ir.core import Attrs, Function, IRError, Op, Recent, TensorType, Value, users
 from ir.nda import NDA
 from ir.sharding import DimAxes, FactorSharding, local_type
 
@@ -83,6 +87,41 @@ class _Local:
     combiner: str = "sum"
 
 
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """What lowering one op did, to do again for an op of the same case
+    (`_Lowering.lower_op`). A value is a ref: -1 - j for the local value of
+    the op's j-th distinct operand on entry, r >= 0 for the result of the
+    r-th op made. Ops are in the order they were made (their names are
+    drawn in it): kind, attributes, operand refs, result type, and the
+    collective's name suffix (None: the op itself, named as its global
+    result)."""
+
+    made: tuple[tuple[str, Attrs, tuple[int, ...], TensorType, str | None], ...]
+    body: tuple[int, ...]  # the made ops left in program order here
+    hoisted: tuple[tuple[int, tuple[int, ...]], ...]  # (operand j, the ops placed right after its sum's op)
+    states: tuple[tuple[int, int, DimAxes, tuple[str, ...], str], ...]  # operand j's new state: (j, ref, ...)
+    result: tuple[int, DimAxes, tuple[str, ...], str]  # the result's state: ref, dims, partial, combiner
+
+
+# Lowering an op follows from its signature, its factors' axes and its operands' states alone, and a
+# step of repeated layers lowers few distinct such cases many times (a pipeline's folded stages, a
+# shallow copy's layers, the three copies of one plan): each case is lowered once per program and mesh
+# and its recipe replayed (`_Lowering.lower_op`). `Builder.build` still verifies every op it made.
+_RECIPES = Recent(4)  # per (program, mesh): case -> _Recipe
+_SIGNATURES = Recent(2)  # per program: each op's signature number
+_PARAMS = Recent(4)  # per (program, analysis, sharding): each parameter's dims and local type
+
+
+def _signatures(fn: Function) -> list[int]:
+    def make() -> list[int]:
+        numbers: dict[tuple, int] = {}
+        return [numbers.setdefault((op.kind, op.attrs, tuple(v.type for v in op.operands),
+                                    tuple(r.type for r in op.results)), len(numbers)) for op in fn.ops]
+
+    return _SIGNATURES.get((fn,), None, make)
+
+
 @dataclass
 class _Lowering:
     fn: Function
@@ -95,6 +134,7 @@ class _Lowering:
     taken: set[str] = field(default_factory=set)
     # Per partial local value, the collectives that only reduce it: emitted right after its op.
     hoisted: dict[Value, list[Op]] = field(default_factory=dict)
+    made: list[Op] | None = None  # the ops lowering the current op has made, while recording its recipe
 
     def __post_init__(self) -> None:
         self.b = Builder(self.fn.name, self.sharding.mesh)
@@ -102,6 +142,10 @@ class _Lowering:
         self.use_count = {v: len(us) for v, us in users(self.fn).items()}
         for r in self.fn.results:
             self.use_count[r] += 1
+        # A resharding kept for later uses (`reuse_resharded`) makes lowering depend on more than the case.
+        self.recipes: dict[tuple, _Recipe] | None = None if self.options.reuse_resharded else _RECIPES.get(
+            (self.fn,), self.sharding.mesh, dict)
+        self.signature = _signatures(self.fn)
 
     # -- names
 
@@ -115,7 +159,10 @@ class _Lowering:
         return name
 
     def collective(self, kind: str, x: Value, suffix: str, **attrs) -> Value:
-        return self.b.op(kind, [x], self.fresh(f"{x.name}-{suffix}"), **attrs)
+        y = self.b.op(kind, [x], self.fresh(f"{x.name}-{suffix}"), **attrs)
+        if self.made is not None:
+            self.made.append(self.b.body[-1])
+        return y
 
     # -- resharding
 
@@ -147,11 +194,82 @@ class _Lowering:
     # -- ops
 
     def lower_op(self, i: int, op: Op) -> None:
-        rule = ops.factor_rule(op)
-        factor_axes = [self.sharding.of(k) for k in self.nda.op_factor_iclass[i]]
-        wants = [tuple(factor_axes[dims[0]] for dims in tensor) for tensor in rule.operands]
+        """Lower op i: afresh the first time its case is met (its signature,
+        its factors' axes, its operands' states and which of them are one
+        value), else by replaying the recipe of that time."""
+        axes = self.sharding.axes
+        factor_axes = tuple(axes[k] if k >= 0 else () for k in self.nda.op_factor_iclass[i])
         states = [self.env[o] for o in op.operands]
         sole_use = all(self.use_count[o] == 1 for o, s in zip(op.operands, states) if s.partial)
+        if self.recipes is None:
+            self._lower_afresh(i, op, factor_axes, states, sole_use)
+            return
+        distinct = list(dict.fromkeys(op.operands))
+        entry = [self.env[o] for o in distinct]
+        values = [e.value for e in entry]  # Values compare by identity
+        case = (self.signature[i], factor_axes, tuple([(s.dims, s.partial, s.combiner) for s in states]), sole_use,
+                tuple(map(op.operands.index, op.operands)), tuple(map(values.index, values)))
+        recipe = self.recipes.get(case)
+        if recipe is not None:
+            self._replay(op, recipe, distinct, entry)
+            return
+        self.made = []
+        hoisted = {e.value: self.hoisted.get(e.value) for e in entry if e.partial}
+        try:
+            self._lower_afresh(i, op, factor_axes, states, sole_use)
+            self.recipes[case] = self._recipe(op, distinct, entry, hoisted)
+        finally:
+            self.made = None
+
+    def _recipe(self, op: Op, distinct: list[Value], entry: list[_Local], hoisted: dict[Value, Any]) -> _Recipe:
+        """The recipe of what lowering `op` just did (`self.made`, and the states and hoisted ops it left)."""
+        refs = {}
+        for j, e in reversed(list(enumerate(entry))):  # a local value read as two operands: the first
+            refs[e.value] = -1 - j
+        for r, made in enumerate(self.made):
+            refs[made.results[0]] = r
+        main = self.made[-1]
+        made = tuple((m.kind, m.attrs, tuple(refs[o] for o in m.operands), m.results[0].type,
+                      None if m is main else SUFFIX[m.kind]) for m in self.made)
+        position = {id(m): r for r, m in enumerate(self.made)}
+        moved = tuple((j, tuple(position[id(m)] for m in self.hoisted[e.value]))
+                      for j, e in enumerate(entry) if e.partial and self.hoisted.get(e.value) is not hoisted[e.value])
+        away = {r for _, rs in moved for r in rs}
+        body = tuple(r for r in range(len(self.made)) if r not in away)
+        if [id(m) for m in self.b.body[len(self.b.body) - len(body):]] != [id(self.made[r]) for r in body]:
+            raise LoweringError(f"{op.describe()}: its lowering left ops where a recipe cannot say")
+        states = tuple((j, refs[self.env[o].value], self.env[o].dims, self.env[o].partial, self.env[o].combiner)
+                       for j, (o, e) in enumerate(zip(distinct, entry)) if self.env[o] is not e)
+        out = self.env[op.results[0]]
+        return _Recipe(made, body, moved, states, (refs[out.value], out.dims, out.partial, out.combiner))
+
+    def _replay(self, op: Op, recipe: _Recipe, distinct: list[Value], entry: list[_Local]) -> None:
+        """Make the recipe's ops again on this op's operands (fresh names drawn in the same order)."""
+        made: list[Op] = []
+        values: list[Value] = []
+        for kind, attrs, refs, ty, suffix in recipe.made:
+            operands = tuple(entry[-1 - r].value if r < 0 else values[r] for r in refs)
+            name = op.results[0].name if suffix is None else self.fresh(f"{operands[0].name}-{suffix}")
+            self.b.take_name(name)
+            value = Value(name, ty)
+            values.append(value)
+            made.append(Op(kind, operands, (value,), attrs))
+        self.b.body.extend(made[r] for r in recipe.body)
+        for j, rs in recipe.hoisted:
+            self.hoisted[entry[j].value] = [made[r] for r in rs]
+
+        def local(r: int) -> Value:
+            return entry[-1 - r].value if r < 0 else values[r]
+
+        for j, r, dims, partial, combiner in recipe.states:
+            self.env[distinct[j]] = _Local(local(r), dims, partial, combiner)
+        r, dims, partial, combiner = recipe.result
+        self.env[op.results[0]] = _Local(local(r), dims, partial, combiner)
+
+    def _lower_afresh(self, i: int, op: Op, factor_axes: tuple[DimAxes, ...], states: list[_Local],
+                      sole_use: bool) -> None:
+        rule = ops.factor_rule(op)
+        wants = [tuple(factor_axes[dims[0]] for dims in tensor) for tensor in rule.operands]
         flowing = flowing_partial(op, [s.partial for s in states], [s.combiner for s in states], wants) \
             if sole_use else ()
         operands = [self.operand(o, want, bool(flowing)) for o, want in zip(op.operands, wants)]
@@ -169,20 +287,28 @@ class _Lowering:
         attrs = ops.get(op.kind).localize(
             op.attrs, tuple(v.type for v in operands), (want_type,))
         local = self.b.emit(op.kind, operands, result.name, attrs)
+        if self.made is not None:
+            self.made.append(self.b.body[-1])
         if local.type != want_type:
             raise LoweringError(f"{op.describe()}: local result {local.type} differs from the expected {want_type}")
         # Partial axes in mesh order: one canonical form, so equally partial operands compare equal.
         self.env[result] = _Local(local, dims, self.sharding.mesh.ordered(partial), combiner)
+
+    def _params(self) -> list[tuple[DimAxes, TensorType]]:
+        """Each parameter's dims and local type (the same for every copy a plan's price lowers)."""
+        mesh = self.sharding.mesh
+        return [(dims, local_type(p.type, dims, mesh))
+                for p in self.fn.params for dims in (self.sharding.def_dims(self.nda, p),)]
 
     def run(self, keep: Sequence[int] | None = None, substitute: Mapping[Value, Value] | None = None,
             whole: Collection[Value] = (), sent: Collection[Value] = ()) -> Lowered:
         """Lower every op, or only the ops `keep` (indices, in program order;
         see `lower_ops`)."""
         param_dims = []
-        for p in self.fn.params:
-            dims = self.sharding.def_dims(self.nda, p)
+        for p, (dims, ty) in zip(self.fn.params, _PARAMS.get((self.fn, self.nda, self.sharding), None, self._params)):
             param_dims.append(dims)
-            local = self.b.param(p.name, local_type(p.type, dims, self.sharding.mesh).shape, p.type.dtype)
+            local = Value(p.name, ty)
+            self.b.add_param(local)
             self.env[p] = _Local(local, dims)
         substitute = substitute or {}
         for i in range(len(self.fn.ops)) if keep is None else keep:

@@ -179,43 +179,61 @@ def _stage_members(fn: Function, stage_of: Mapping[str, int], stages: int) -> li
 def equal_stages(fn: Function, nda: NDA, sharding: FactorSharding, layout: StageLayout) -> list[int]:
     """Per stage, the first stage equal to it but for names (module
     docstring): itself for the first and the last stage and for an inner
-    stage unlike every inner stage before it."""
+    stage unlike every inner stage before it. Two stages are equal where
+    their structure is (`_structures`) and the sharding gives the I-classes
+    each reads at the same places the same axes."""
+    structure, read = _STRUCTURES.get((fn, nda, layout), None, lambda: _structures(fn, nda, layout))
+    axes = (*sharding.axes, ())  # -1 (a factor that names no dimension): unsharded
+    last = len(structure) - 1
+    first_of: dict[tuple, int] = {}
+    return [s if s in (0, last) else first_of.setdefault((structure[s], tuple(map(axes.__getitem__, read[s]))), s)
+            for s in range(len(structure))]
+
+
+_STRUCTURES = Recent(4)  # per (program, analysis, layout): `_structures`
+
+
+def _structures(fn: Function, nda: NDA, layout: StageLayout) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Per stage, what `equal_stages` compares but the sharding, as a number
+    (equal stages, equal numbers), and the I-classes whose axes it compares:
+    its ops (kinds, attributes, result types, how many read each result,
+    whether the step returns it) reading the same kinds of operands (their
+    own earlier results by position, parameters by type, constants by op,
+    the k-th value received from the stage at the same offset, by type),
+    with the I-classes of each op's factors and of each parameter and
+    received value's dimensions."""
     readers, stage_of, members = layout.readers, layout.stage_of, layout.members
     results = set(fn.results)
     params, constant = layout.params, layout.constant
-    dims: dict[Value, tuple] = {}
-
-    def sharded(v: Value) -> tuple:
-        if v not in dims:
-            dims[v] = sharding.def_dims(nda, v)
-        return dims[v]
-
-    def key(s: int) -> tuple:
+    numbers: dict[tuple, int] = {}
+    structure, read = [], []
+    for s, stage in enumerate(members):
         own: dict[Value, int] = {}
         received: dict[Value, int] = {}
-        body = []
-        for q, i in enumerate(members[s]):
+        body, iclasses = [], []
+        for q, i in enumerate(stage):
             op = fn.ops[i]
             refs = []
             for v in op.operands:
                 if v in own:
                     refs.append(("own", own[v]))
-                elif v in params:
-                    refs.append(("param", v.type, sharded(v)))
                 elif v in constant:  # every task that reads a constant makes its own (`ir.pipeline`)
                     refs.append(("constant", constant[v]))
                 else:
-                    k = received.setdefault(v, len(received))
-                    refs.append(("from", stage_of[v.name] - s, k, v.type, sharded(v)))
+                    if v in params:
+                        refs.append(("param", v.type))
+                    else:
+                        k = received.setdefault(v, len(received))
+                        refs.append(("from", stage_of[v.name] - s, k, v.type))
+                    iclasses.extend(nda.def_iclass(v, d) for d in range(v.type.rank))
             (r,) = op.results
-            factors = tuple(sharding.of(k) for k in nda.op_factor_iclass[i])
-            body.append((op.kind, op.attrs, r.type, factors, tuple(refs), len(readers.get(r, ())), r in results))
+            factors = nda.op_factor_iclass[i]
+            iclasses.extend(factors)
+            body.append((op.kind, op.attrs, r.type, len(factors), tuple(refs), len(readers.get(r, ())), r in results))
             own[r] = q
-        return tuple(body)
-
-    last = len(members) - 1
-    first_of: dict[tuple, int] = {}
-    return [s if s in (0, last) else first_of.setdefault(key(s), s) for s in range(len(members))]
+        structure.append(numbers.setdefault(tuple(body), len(numbers)))
+        read.append(tuple(iclasses))
+    return structure, read
 
 
 def _constants(fn: Function) -> dict[Value, int]:

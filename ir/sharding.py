@@ -103,6 +103,7 @@ class _Facts:
 
 
 _FACTS = Recent(4)
+_SIZELESS = Recent(8)  # the last few decision lists applied with no claim cut short, by analysis identity
 
 
 def _facts(nda: NDA) -> _Facts:
@@ -122,28 +123,75 @@ def materialize(
     resolutions: Mapping[int, int] | None = None,
     replicated: Iterable[tuple[int, str]] = (),
 ) -> FactorSharding:
-    """Apply decisions in order (see the module docstring); deterministic."""
+    """Apply decisions in order (see the module docstring); deterministic.
+
+    The sizes of the mesh's axes only ever stop a claim, where a factor
+    would not divide. Where none did, the same decisions on another mesh
+    whose sizes divide every I-class by the devices it took here claim the
+    same at every step (a product that divides a size makes each of its
+    prefixes divide it): that answer is kept for the last few decision
+    lists and read there (a mesh search meets one plan on a hundred meshes)."""
     resolutions = dict(resolutions or {})
-    deselected: set[int] = set()
-    for cls in range(len(nda.resolution_classes)):
-        deselected |= nda.resolutions(cls)[resolutions.get(cls, 0)]
-    state = _Claims(nda, deselected, set(replicated))
-    for decision in decisions:
-        claim = state.on(decision.axis, mesh.size(decision.axis))
-        if decision.only is None:
-            for k in nda.color_iclasses[decision.color]:
-                claim(k)
-        elif decision.spread:
-            state.spread(decision.only, decision.axis, claim)
-        else:
-            claim(decision.only)
-    # One tuple per distinct assignment, shared by its I-classes: a large program's shardings are kept
-    # (the planner's caches), and most of its I-classes are unsharded or take the same one or two axes.
-    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
-    axes: list[tuple[str, ...]] = [()] * len(nda.iclasses)
-    for k, taken in state.axes.items():
-        axes[k] = shared.setdefault(tuple(taken), tuple(taken))
-    return FactorSharding(mesh, tuple(axes))
+    replicated = tuple(replicated)
+    key = (tuple(decisions), tuple(sorted(resolutions.items())), replicated)
+    known = _SIZELESS.find((nda,), key)
+    if known is not None:
+        for decision in decisions:
+            mesh.size(decision.axis)  # an axis the mesh lacks is an error, as applying the decision would raise
+        if known.divides(_facts(nda), mesh):
+            return FactorSharding(mesh, known.axes)
+    claimed = _Claimed.of(nda, mesh, decisions, resolutions, replicated)
+    if not claimed.cut_short:
+        _SIZELESS.put((nda,), key, claimed)
+    return FactorSharding(mesh, claimed.axes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """Decisions applied: each I-class's axes, and the I-classes of each
+    distinct sharded assignment (`divides` checks them by the group)."""
+
+    axes: tuple[tuple[str, ...], ...]
+    groups: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
+    cut_short: bool  # some claim was refused for a size that did not divide
+
+    @staticmethod
+    def of(nda: NDA, mesh: Mesh, decisions: Sequence[Decision], resolutions: Mapping[int, int],
+           replicated: tuple[tuple[int, str], ...]) -> _Claimed:
+        """The decisions applied on `mesh`."""
+        deselected: set[int] = set()
+        for cls in range(len(nda.resolution_classes)):
+            deselected |= nda.resolutions(cls)[resolutions.get(cls, 0)]
+        state = _Claims(nda, deselected, set(replicated))
+        for decision in decisions:
+            claim = state.on(decision.axis, mesh.size(decision.axis))
+            if decision.only is None:
+                for k in nda.color_iclasses[decision.color]:
+                    claim(k)
+            elif decision.spread:
+                state.spread(decision.only, decision.axis, claim)
+            else:
+                claim(decision.only)
+        # One tuple per distinct assignment, shared by its I-classes: a large program's shardings are kept
+        # (the planner's caches), and most of its I-classes are unsharded or take the same one or two axes.
+        shared: dict[tuple[str, ...], list[int]] = {}
+        axes: list[tuple[str, ...]] = [()] * len(nda.iclasses)
+        for k, taken in state.axes.items():
+            key = tuple(taken)
+            members = shared.setdefault(key, [])
+            members.append(k)
+            axes[k] = key if len(members) == 1 else axes[members[0]]
+        return _Claimed(tuple(axes), tuple((key, tuple(members)) for key, members in shared.items()),
+                        state.cut_short)
+
+    def divides(self, facts: _Facts, mesh: Mesh) -> bool:
+        """Every I-class's size divides by the devices its axes split it over on `mesh`."""
+        sizes = facts.sizes
+        for key, members in self.groups:
+            devices = mesh.group_size(key)
+            if devices > 1 and any(sizes[k] % devices for k in members):
+                return False
+        return True
 
 
 class _Claims:
@@ -159,6 +207,7 @@ class _Claims:
         self.axes: dict[int, list[str]] = {}
         self.split = [1] * len(nda.iclasses)
         self.used: dict[str, set[int]] = {}
+        self.cut_short = False  # a claim was refused for a size that did not divide
 
     def on(self, axis: str, size: int) -> Callable[[int], bool]:
         """Shard an I-class along `axis` (of `size` devices) if the rules allow it."""
@@ -167,7 +216,10 @@ class _Claims:
         on_axis = self.used.setdefault(axis, set())
 
         def take(k: int) -> bool:
-            if k in stopped or (k, axis) in blocked or sizes[k] % (split[k] * size) or owners[k] in on_axis:
+            if k in stopped or (k, axis) in blocked or owners[k] in on_axis:
+                return False
+            if sizes[k] % (split[k] * size):
+                self.cut_short = True
                 return False
             axes.setdefault(k, []).append(axis)
             split[k] *= size

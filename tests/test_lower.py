@@ -32,11 +32,11 @@ from costmodel.hardware import preset_hardware
 from ir import ops
 from ir.autodiff import SGD, training_step
 from ir.builder import Builder
-from ir.core import Function, Mesh
-from ir.lower import Lowered, LowerOptions, lower
+from ir.core import Function, IRError, Mesh
+from ir.lower import _RECIPES, Lowered, LowerOptions, _Lowering, lower
 from ir.models import Model, build
 from ir.nda import NDA, analyze
-from ir.sharding import Decision, FactorSharding, materialize
+from ir.sharding import Decision, FactorSharding, _Claimed, materialize
 from ir.text import parse, print_function
 
 Pick = tuple[str, int, str]  # (parameter name, dim, mesh axis)
@@ -415,6 +415,69 @@ def test_random_plans_cover_conflicts_contention_and_non_divisible_factors():
 def test_random_plan_lowers_correctly(name, seed):
     p = random_plan(seed, name)
     check_lowering(random_model(name), p.mesh, p.decisions, p.resolutions, p.options, seed=seed)
+
+
+def lowered_afresh(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOptions) -> Lowered:
+    """`lower` with every op lowered afresh, no recipe replayed."""
+    lowering = _Lowering(fn, nda, sharding, options)
+    lowering.recipes = None
+    return lowering.run()
+
+
+def assert_replays_lower_afresh(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOptions) -> int:
+    """The lowering with recipes (`lower`) is the lowering afresh, op for op and
+    name for name; returns how many ops were replayed."""
+    got, want = lower(fn, nda, sharding, options), lowered_afresh(fn, nda, sharding, options)
+    assert print_function(got.function) == print_function(want.function)
+    assert (got.param_dims, got.result_dims) == (want.param_dims, want.result_dims)
+    return len(fn.ops) - len(_RECIPES.get((fn,), sharding.mesh, dict)) if not options.reuse_resharded else 0
+
+
+@pytest.mark.parametrize(("name", "seed"), RANDOM_CASES)
+def test_a_random_plans_replayed_lowering_is_its_lowering_afresh(name, seed):
+    p = random_plan(seed, name)
+    model = random_model(name)
+    nda = nda_of(model)
+    assert_replays_lower_afresh(model.function, nda, materialize(nda, p.mesh, p.decisions, p.resolutions), p.options)
+
+
+@pytest.mark.parametrize("strategy", ["megatron", "zero3"])
+def test_repeated_layers_replay_their_lowering(strategy):
+    # Four layers of a training step, Megatron's split (partial sums flowing into the residual) or ZeRO-3
+    # (each gradient's reduce_scatter hoisted right after its op): every layer after the first is lowered
+    # from recipes, and the program is the one lowered op by op.
+    model = training_step(build("transformer", layers=4, d_model=8, heads=2, head_dim=4, mlp_hidden=16,
+                                vocab=8, seq=4, batch=4))
+    nda = nda_of(model)
+    mesh = Mesh.of(batch=2, model=2)
+    picks = [("batch.tokens", 0, "batch"), ("layers.0.attn.wq", 1, "model"), ("layers.0.mlp.w_up", 1, "model")]
+    decisions = plan(picks)(nda, model, mesh) if strategy == "megatron" else \
+        plan([("batch.tokens", 0, "batch")], "zero3:batch")(nda, model, mesh)
+    sharding = materialize(nda, mesh, decisions)
+    lowered = lower(model.function, nda, sharding)
+    kinds = Counter(op.kind for op in lowered.function.ops)
+    assert kinds["reduce_scatter" if strategy == "zero3" else "all_reduce"] >= 4
+    replayed = assert_replays_lower_afresh(model.function, nda, sharding, NO_REUSE)
+    assert replayed > len(model.function.ops) // 2
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_a_plan_materialized_on_one_mesh_is_read_on_another_only_where_it_divides(name):
+    # The same decisions on meshes of other sizes (the mesh screen's case): where no claim was refused
+    # for its size, the answer is kept and read on a mesh that divides what it took; every answer is
+    # the one applying the decisions on that mesh gives.
+    nda = nda_of(random_model(name))
+    meshes = [Mesh.of(a=a, b=b) for a, b in ((2, 2), (2, 3), (3, 2), (4, 2), (2, 6), (1, 2))]
+    read = 0
+    for seed in range(SEEDS_PER_MODEL):
+        p = random_plan(seed, name)
+        got = [materialize(nda, mesh, p.decisions, p.resolutions) for mesh in meshes]
+        for mesh, sharding in zip(meshes, got):
+            assert sharding.axes == _Claimed.of(nda, mesh, p.decisions, p.resolutions, ()).axes, (seed, mesh)
+        read += sum(g.axes is got[0].axes for g in got[1:])
+    assert read  # some meshes read the first mesh's answer
+    with pytest.raises(IRError, match="unknown mesh axis"):
+        materialize(nda, Mesh.of(a=2), p.decisions + (Decision("b", 0),), p.resolutions)
 
 
 # ---------------------------------------------------------- materialization

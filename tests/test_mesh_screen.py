@@ -281,8 +281,8 @@ def _floor_reads_the_screen(search, monkeypatch, stages) -> None:
     real = planner.pipelined_cost
     for known, expected in ((t.screened.priced, False), ((), True)):
         priced = []
-        monkeypatch.setattr(planner, "pipelined_cost", lambda spec, model, nda, plan, *a, **kw: priced.append(plan)
-                            or real(spec, model, nda, plan, *a, **kw))
+        monkeypatch.setattr(planner, "pipelined_cost", lambda spec, model, nda, plan, *a, seen=priced, **kw:
+                            seen.append(plan) or real(spec, model, nda, plan, *a, **kw))
         again = planner.plan_spec(t.planned.spec, "cpsat", whole=False, known=known)
         assert again.plan == t.planned.plan
         assert bool(named & set(priced)) == expected
