@@ -95,19 +95,21 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
     processes > 1 (and fork, which shares the programs without copying
     them), the jobs run in that many processes: the screens are independent
     and deterministic, so the answers are the same. The programs the named
-    schedules need are built first, once, here (`_program`), so that no
-    process builds its own."""
+    schedules need (of any job: the first mesh may have none of their
+    axes) are built first, once, here (`_program`), so that no process
+    builds its own and the searches after find them."""
     if not forks(processes, len(jobs)):
         out = []
         for job in jobs:
             progress.update(f"mesh screen: {mesh_shape(job.mesh)}", force=True)
             out.append(_timed(job, built, prepare, options))
         return out
-    for name in manual_schedules(jobs[0].spec) if jobs[0].schedules else ():
-        try:
-            _program(jobs[0].spec, name, built, prepare)
-        except (IRError, SpecError):
-            continue  # each screen reports it
+    for job in jobs:
+        for name in manual_schedules(job.spec) if job.schedules else ():
+            try:
+                _program(job.spec, name, built, prepare)
+            except (IRError, SpecError):
+                continue  # each screen reports it
     return forked_map(lambda k: _timed(jobs[k], built, prepare, options), len(jobs), processes,
                       lambda k: progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({processes} processes)",
                                                 force=True))
