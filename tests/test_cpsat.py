@@ -5,6 +5,9 @@ and it rediscovers the textbook strategies where they are optimal."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -408,3 +411,29 @@ def test_each_combination_implies_its_own_values_through_the_columns_kept():
             combos += len(values)
             conjunctions += len(cubes)
     assert conjunctions < 0.75 * combos
+
+
+_MODEL_TEXT = """
+import hashlib, sys
+sys.path.insert(0, "tests")
+from test_cpsat import setup
+from ir.core import Mesh
+from solver.search.cpsat import _Cp
+from solver.search.cpsat_terms import TermModel
+_, _, table, space = setup("mlp", dict(batch=6, d_in=6, hidden=12, d_out=6), Mesh.of(a=2, b=2, c=3), zero=True)
+terms = TermModel(space, table)
+print(any(len(s) > 1 for key in terms.keys for sets in key.nondiv for s in sets),
+      hashlib.sha1(str(_Cp(terms).model.Proto()).encode()).hexdigest())
+"""
+
+
+def test_the_model_is_the_same_whatever_pythons_hash_seed():
+    # CP-SAT breaks ties between equal optima by the model's order, so the model must not follow the
+    # iteration order of sets of axis names (which Python's hash seed changes): on Llama 2 70B's mesh
+    # two runs gave two plans of one step time. Here an MLP's step, whose dimensions two
+    # of the axes together do not divide.
+    out = {subprocess.run([sys.executable, "-c", _MODEL_TEXT], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(out) == 1, out
+    nondivisible_pairs, _ = out.pop().split()
+    assert nondivisible_pairs == "True"

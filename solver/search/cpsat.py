@@ -186,7 +186,9 @@ class _Cp:
         higher = [self.s[(j, i)] for j in key.higher if (j, i) in self.s]
         blocking = []
         for subset in key.nondiv[i]:
-            held = [self.s[(kid, self.space.axes.index(b))] for b in subset]
+            # In mesh order: a set of axis names iterates in an order that changes with Python's hash seed,
+            # and CP-SAT breaks ties between equal optima by the model's order (the same inputs, one plan).
+            held = [self.s[(kid, j)] for j, b in enumerate(self.space.axes) if b in subset]
             model.AddBoolOr([s.Not()] + [h.Not() for h in held])
             if len(held) == 1:
                 blocking.append(held[0])
