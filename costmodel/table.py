@@ -41,21 +41,23 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from costmodel.evaluate import Cost, make_cost, op_time_s
 from costmodel.hardware import Hardware
-from costmodel.table_kernels import FusedKernels
+from costmodel.table_kernels import FusedKernels, kernel_structure
 from costmodel.table_walk import FlowLevels, Walk
 from ir import ops
-from ir.core import Function, IRError, Mesh, TensorType
+from ir.core import Function, IRError, Mesh, Recent, TensorType
 from ir.lower import FLOWING_KINDS, Step, redistribute_steps, reduce_steps
 from ir.nda import NDA
 from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 
 # Combined integer keys must stay below this (int64, with room to spare).
 _KEY_LIMIT = 1 << 62
+_INDEXES = Recent(2)  # per (program, analysis): `CostTable._program_index`
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +94,37 @@ class CostTable:
         self.code_mask = np.array([sum(bit[a] for a in t) for t in self.axis_tuples], dtype=np.int64)
         self.mask_axes = {m: tuple(a for a in mesh.names if m & bit[a]) for m in range(1 << len(mesh.axes))}
         self._sentinel = len(nda.iclasses)  # an extra I-class that is never sharded
-        self._index_values()
-        self._index_edges()
+        self.axis_bit = bit
+        # What follows from the program alone is made once and shared by its tables on other meshes (a
+        # mesh search builds one per searched mesh): read-only once made (`_program_index`).
+        index = _INDEXES.find((fn, nda), None)
+        if index is None:
+            index = self._program_index()
+            _INDEXES.put((fn, nda), None, index)
+        vars(self).update(index)
         # How often a use's resharding runs in a step (`microbatch_repeats`).
         self.edge_repeat = np.ones(len(self.edge_op), dtype=np.int64) if microbatches is None else \
             self.microbatch_repeats(*microbatches)
-        self.op_signature_of: list[int] = []
-        self._index_ops()
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
         self._chain_memo: dict[tuple, _Resharding] = {}
         self._flow_memo: dict[tuple, int] = {}
+        self.kernels = FusedKernels(self, self.kernel_structure)
+        if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
+            raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
+                                      f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
+        self._powers = np.array([len(self.axis_tuples) ** d for d in range(self.def_ic.shape[1])], dtype=np.int64)
+
+    def _program_index(self) -> dict[str, Any]:
+        """The table's structure that follows from the program and its analysis
+        alone (values, uses, ops, fused kernels, the levels of partial sums),
+        as attributes to share: made here on this table, and returned."""
+        before = set(vars(self))
+        fn = self.fn
+        self._index_values()
+        self._index_edges()
+        self.op_signature_of: list[int] = []
+        self._index_ops()
         # Plain lists for the Python walks (numpy scalars are slow to index one by one).
-        self.axis_bit = bit
         self.edge_vid_of = self.edge_vid.tolist()
         self.edge_op_of = self.edge_op.tolist()
         self.op_vids = [[self.edge_vid_of[e] for e in es] for es in self.op_edges]
@@ -112,10 +133,11 @@ class CostTable:
         # Ops a partial sum may flow through, if it is their only use (`FlowLevels`). At any other user
         # (or with several uses) it is reduced, which `communication` finds.
         self.can_flow = [op.kind in FLOWING_KINDS for op in fn.ops]
-        self.kernels = FusedKernels(self)
+        self.kernel_structure = kernel_structure(self)
         # Ops a kernel fuses are priced with it, not alone.
+        fused = self.kernel_structure[0]
         self.op_groups = [(count, members[keep], factors[keep]) for count, members, factors in self.op_groups
-                          if (keep := ~self.kernels.fused[members]).any()]
+                          if (keep := ~fused[members]).any()]
         types: dict[TensorType, int] = {}
         self.type_id_of = [types.setdefault(v.type, len(types)) for v in self.values]
         self.type_id, self.num_types = np.array(self.type_id_of, dtype=np.int64), len(types)
@@ -124,11 +146,8 @@ class CostTable:
         # For the walk's per-value maxima over uses: the uses grouped by value, and where each group starts.
         self.edges_by_value = np.argsort(self.edge_vid, kind="stable")
         self.used_values, self.first_use_of = np.unique(self.edge_vid[self.edges_by_value], return_index=True)
-        if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
-            raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
-                                      f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
-        self._powers = np.array([len(self.axis_tuples) ** d for d in range(self.def_ic.shape[1])], dtype=np.int64)
         self.flow_levels = FlowLevels(self)
+        return {name: value for name, value in vars(self).items() if name not in before}
 
     # ------------------------------------------------------------ static structure
 

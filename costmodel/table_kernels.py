@@ -48,22 +48,58 @@ class _Kernel:
     signature: int
 
 
+def _kernel(t: Any, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
+    """One kernel of several ops of the table `t`'s program."""
+    at = {i: n for n, i in enumerate(members)}
+    links: dict[tuple[int, int], tuple[int, ...]] = {}  # (producer, consumer) -> the producer's edges
+    slots = []
+    for i in members:
+        for e in t.op_edges[i]:
+            v = t.edge_vid_of[e]
+            p = v - t.num_params
+            inside = p >= 0 and p in at
+            slots.append(at[p] if inside else -1)
+            if inside:
+                links.setdefault((p, i), tuple(t.edges_of[v]))
+    exported = []
+    for i in members:
+        v = t.num_params + i
+        exported.append(bool(t.is_result[v]) or any(u not in at for u in t.users[v]))
+    rows = [t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank] for i in members for e in t.op_edges[i]]
+    rows += [t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank] for i in members]
+    iclasses = sorted({int(k) for row in rows for k in row})
+    position = {k: n for n, k in enumerate(iclasses)}
+    pattern = tuple(tuple(position[int(k)] for k in row) for row in rows)
+    key = (tuple(t.op_signature_of[i] for i in members), tuple(slots), tuple(exported), pattern)
+    signature = signatures.setdefault(key, len(signatures))
+    return _Kernel(members, tuple((at[p], at[c], edges) for (p, c), edges in links.items()), tuple(exported),
+                   tuple(iclasses) or (t._sentinel,), signature)
+
+
+def kernel_structure(table: Any) -> tuple[np.ndarray, list[_Kernel]]:
+    """Which ops of the table's program a kernel of several fuses, and those
+    kernels: what `FusedKernels` reads of the program whatever the mesh.
+    `table` is the `costmodel.table.CostTable` (typed Any: that module
+    imports this one, and the graph stays acyclic), its program's indexes made."""
+    fused = np.zeros(len(table.fn.ops), dtype=bool)
+    kernels: list[_Kernel] = []
+    signatures: dict[tuple, int] = {}
+    for members in fuse(table.fn).kernels:
+        if len(members) < 2:
+            continue
+        fused[list(members)] = True
+        kernels.append(_kernel(table, members, signatures))
+    return fused, kernels
+
+
 class FusedKernels:
     """The global program's kernels of several ops, for one CostTable."""
 
-    def __init__(self, table: Any) -> None:
-        """`table` is the `costmodel.table.CostTable` these kernels belong to
-        (typed Any: that module imports this one, and the graph stays acyclic)."""
+    def __init__(self, table: Any, structure: tuple[np.ndarray, list[_Kernel]]) -> None:
+        """`table` is the `costmodel.table.CostTable` these kernels belong to,
+        `structure` its program's `kernel_structure`."""
         t = self.t = table
-        fusion = fuse(t.fn)
-        self.fused = np.zeros(len(t.fn.ops), dtype=bool)
-        self.kernels: list[_Kernel] = []
-        signatures: dict[tuple, int] = {}
-        for members in fusion.kernels:
-            if len(members) < 2:
-                continue
-            self.fused[list(members)] = True
-            self.kernels.append(self._kernel(members, signatures))
+        self.fused, self.kernels = structure
         # Every kernel's I-classes flat, in chunks of columns whose codes pack into one integer (a row's
         # dense id so far times base**chunk stays below the limit): per evaluation one gather, one
         # segmented sum and a 1-D np.unique per chunk over the kernels that have it, rather than a
@@ -112,33 +148,6 @@ class FusedKernels:
         self.link_at = at
         self._cut_memo: dict[tuple, tuple[list[tuple[str, float]], int, int, int]] = {}
         self._memo: dict[tuple, tuple[float, int]] = {}
-
-    def _kernel(self, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
-        t = self.t
-        at = {i: n for n, i in enumerate(members)}
-        links: dict[tuple[int, int], tuple[int, ...]] = {}  # (producer, consumer) -> the producer's edges
-        slots = []
-        for i in members:
-            for e in t.op_edges[i]:
-                v = t.edge_vid_of[e]
-                p = v - t.num_params
-                inside = p >= 0 and p in at
-                slots.append(at[p] if inside else -1)
-                if inside:
-                    links.setdefault((p, i), tuple(t.edges_of[v]))
-        exported = []
-        for i in members:
-            v = t.num_params + i
-            exported.append(bool(t.is_result[v]) or any(u not in at for u in t.users[v]))
-        rows = [t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank] for i in members for e in t.op_edges[i]]
-        rows += [t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank] for i in members]
-        iclasses = sorted({int(k) for row in rows for k in row})
-        position = {k: n for n, k in enumerate(iclasses)}
-        pattern = tuple(tuple(position[int(k)] for k in row) for row in rows)
-        key = (tuple(t.op_signature_of[i] for i in members), tuple(slots), tuple(exported), pattern)
-        signature = signatures.setdefault(key, len(signatures))
-        return _Kernel(members, tuple((at[p], at[c], edges) for (p, c), edges in links.items()), tuple(exported),
-                       tuple(iclasses) or (t._sentinel,), signature)
 
     # ------------------------------------------------------------ evaluation
 

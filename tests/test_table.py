@@ -89,6 +89,24 @@ def test_table_equals_evaluation_of_the_lowered_program(model_name, mesh_name):
     assert cut or model_name not in CUT  # some cut by a collective the plan puts inside them
 
 
+def test_tables_of_one_program_on_other_meshes_share_its_indexes_and_price_alike():
+    # A mesh search builds a table per searched mesh of one program: what follows from the program
+    # alone is made once and shared, and each table still prices as its mesh's lowering does, the
+    # first one too after the others were built.
+    model = MODELS["transformer-train"]()
+    nda = analyze(model.function, model.params)
+    meshes = [Mesh.of(batch=2, model=2), Mesh.of(batch=2, model=4), Mesh.of(data=2, model=2, seq=2)]
+    tables = [CostTable(model.function, nda, mesh, hardware_for(mesh)) for mesh in meshes]
+    assert all(t.values is tables[0].values and t.flow_levels is tables[0].flow_levels for t in tables)
+    assert len({id(t.kernels) for t in tables}) == len(tables)  # each mesh's own kernel chunks and prices
+    rng = random.Random("shared")
+    for mesh, table in zip(meshes, tables):
+        for _ in range(4):
+            sharding = random_sharding(nda, mesh, rng)
+            assert_same_cost(table.evaluate(sharding), evaluate(lower(model.function, nda, sharding).function,
+                                                                hardware_for(mesh)))
+
+
 def test_table_is_independent_of_evaluation_order():
     """The memo is an optimization only: a plan costs the same whatever was evaluated before it."""
     model, mesh = training_step(build("transformer", **SMALL)), MESHES["2x2"]
