@@ -247,8 +247,12 @@ class _Lowering:
         """Make the recipe's ops again on this op's operands (fresh names drawn in the same order)."""
         made: list[Op] = []
         values: list[Value] = []
+
+        def local(r: int) -> Value:
+            return entry[-1 - r].value if r < 0 else values[r]
+
         for kind, attrs, refs, ty, suffix in recipe.made:
-            operands = tuple(entry[-1 - r].value if r < 0 else values[r] for r in refs)
+            operands = tuple(map(local, refs))
             name = op.results[0].name if suffix is None else self.fresh(f"{operands[0].name}-{suffix}")
             self.b.take_name(name)
             value = Value(name, ty)
@@ -257,10 +261,6 @@ class _Lowering:
         self.b.body.extend(made[r] for r in recipe.body)
         for j, rs in recipe.hoisted:
             self.hoisted[entry[j].value] = [made[r] for r in rs]
-
-        def local(r: int) -> Value:
-            return entry[-1 - r].value if r < 0 else values[r]
-
         for j, r, dims, partial, combiner in recipe.states:
             self.env[distinct[j]] = _Local(local(r), dims, partial, combiner)
         r, dims, partial, combiner = recipe.result
