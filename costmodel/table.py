@@ -47,6 +47,7 @@ import numpy as np
 
 from costmodel.evaluate import Cost, make_cost, op_time_s
 from costmodel.hardware import Hardware
+from costmodel.table_fold import TableFold
 from costmodel.table_kernels import FusedKernels, kernel_structure
 from costmodel.table_walk import FlowLevels, Walk
 from ir import ops
@@ -277,26 +278,36 @@ class CostTable:
     def sharding(self, codes: np.ndarray) -> FactorSharding:
         return FactorSharding(self.mesh, tuple(self.axis_tuples[c] for c in codes))
 
-    def evaluate(self, plan: FactorSharding | np.ndarray) -> Cost:
+    def evaluate(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> Cost:
         """The cost of the program partitioned by `plan` (a FactorSharding or its codes)."""
-        return self.timed(plan).cost()
+        return self.timed(plan, fold).cost()
 
-    def timed(self, plan: FactorSharding | np.ndarray) -> TimedPlan:
+    def timed(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> TimedPlan:
         """The plan's times, its peak memory still to replay (`TimedPlan.cost`):
         a search that needs only to know the plan is no faster than one it
-        has skips the replay, a quarter to a third of an evaluation."""
+        has skips the replay, a quarter to a third of an evaluation. `fold`
+        (`fold`): priced by orbit where the plan's codes allow, the same
+        figures (`costmodel.table_fold`)."""
         codes = self.codes(plan) if isinstance(plan, FactorSharding) else np.asarray(plan, dtype=np.int64)
         if codes.shape != (len(self.nda.iclasses),):
             raise IRError(f"expected {len(self.nda.iclasses)} I-class codes, got shape {codes.shape}")
         codes = np.append(codes, 0)  # the sentinel I-class
+        if fold is not None and not fold.holds(codes):
+            fold = None
         by_kind: Counter[str] = Counter()
-        flops = self._compute(codes, by_kind)
+        flops = self._compute(codes, by_kind, fold)
         run = Walk(self, codes)
         run.partial_sums()
-        run.communication(by_kind)
-        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges, by_kind)
+        run.communication(by_kind, fold)
+        fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges, by_kind, fold)
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         return TimedPlan(make_cost(by_kind, 0, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops), run)
+
+    def fold(self, iclass_rep: np.ndarray) -> TableFold:
+        """This table's ops, kernels and uses by orbit, for plans whose codes
+        are constant on the I-class orbits `iclass_rep` gives (per I-class a
+        representative, the sentinel's own last: `costmodel.table_fold`)."""
+        return TableFold(self, iclass_rep)
 
     def partial_masks(self, codes: np.ndarray) -> dict[int, int]:
         """Which values of the plan `codes` (with the sentinel) are partial sums:
@@ -325,11 +336,13 @@ class CostTable:
 
     # ------------------------------------------------------------ compute terms
 
-    def _compute(self, codes: np.ndarray, by_kind: Counter[str]) -> int:
-        """Add every op's roofline time to `by_kind`; return the flops per device."""
+    def _compute(self, codes: np.ndarray, by_kind: Counter[str], fold: TableFold | None = None) -> int:
+        """Add every op's roofline time to `by_kind`; return the flops per device.
+        With `fold`, each orbit's first op counts for its orbit."""
         base = len(self.axis_tuples)
         flops = 0
-        for count, members, factors in self.op_groups:
+        groups = fold.op_groups if fold is not None else [(*group, None) for group in self.op_groups]
+        for count, members, factors, size in groups:
             local = codes[factors]
             if self.num_signatures * base ** count < _KEY_LIMIT:
                 keys = self.op_signature[members] * base ** count
@@ -340,7 +353,7 @@ class CostTable:
                 rows = np.column_stack([self.op_signature[members], local])
                 uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
                 uniq = [tuple(r) for r in uniq]
-            multiplicity = np.bincount(inverse.reshape(-1), minlength=len(first))
+            multiplicity = np.bincount(inverse.reshape(-1), weights=size, minlength=len(first)).astype(np.int64)
             for key, rep, times in zip(uniq, first, multiplicity):
                 memo_key = (count, key if isinstance(key, tuple) else int(key))
                 term = self._op_memo.get(memo_key)

@@ -24,6 +24,7 @@ Per evaluation:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,18 @@ from ir.sharding import local_type
 
 _KEY_LIMIT = 1 << 62  # packed integer keys stay below this (int64, with room to spare)
 _MAX_CHUNKS = 64  # chunks of a kernel's I-classes' codes (`FusedKernels.row_ids`)
+
+
+@dataclass(frozen=True, slots=True)
+class _Packing:
+    """Some kernels' I-classes flat, in chunks (`FusedKernels.pack`)."""
+
+    kernels: np.ndarray  # the kernels packed, in this order
+    flat_ic: np.ndarray
+    flat_weight: np.ndarray
+    segment_starts: np.ndarray
+    chunk_scale: int
+    by_chunk: list[tuple[np.ndarray, np.ndarray]]  # per chunk: positions of the kernels with it, their segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,38 +113,13 @@ class FusedKernels:
         `structure` its program's `kernel_structure`."""
         t = self.t = table
         self.fused, self.kernels = structure
-        # Every kernel's I-classes flat, in chunks of columns whose codes pack into one integer (a row's
-        # dense id so far times base**chunk stays below the limit): per evaluation one gather, one
-        # segmented sum and a 1-D np.unique per chunk over the kernels that have it, rather than a
-        # matrix padded to the widest kernel (a 60-column matrix for a mean of 15 on 80 layers).
-        base = max(len(t.axis_tuples), 2)
-        chunk = 1
-        while _MAX_CHUNKS * (len(self.kernels) + 1) * base ** (chunk + 1) < _KEY_LIMIT:
-            chunk += 1
+        self.base = max(len(t.axis_tuples), 2)
+        self.chunk = 1
+        while _MAX_CHUNKS * (len(self.kernels) + 1) * self.base ** (self.chunk + 1) < _KEY_LIMIT:
+            self.chunk += 1
         self.signatures = np.array([k.signature for k in self.kernels], dtype=np.int64)
         self.iclass_list = [np.array(k.iclasses, dtype=np.int64) for k in self.kernels]
-        flat_ic: list[int] = []
-        flat_weight: list[int] = []
-        starts: list[int] = []
-        by_chunk: list[tuple[list[int], list[int]]] = []  # per chunk: (kernels, their segments)
-        for k, kernel in enumerate(self.kernels):
-            for c in range(0, len(kernel.iclasses), chunk):
-                if c // chunk == len(by_chunk):
-                    by_chunk.append(([], []))
-                by_chunk[c // chunk][0].append(k)
-                by_chunk[c // chunk][1].append(len(starts))
-                starts.append(len(flat_ic))
-                columns = kernel.iclasses[c: c + chunk]
-                flat_ic += columns
-                flat_weight += [base ** j for j in range(len(columns))]
-        self.flat_ic = np.array(flat_ic, dtype=np.int64)
-        self.flat_weight = np.array(flat_weight, dtype=np.int64)
-        self.segment_starts = np.array(starts, dtype=np.int64)
-        self.chunk_scale = base ** chunk
-        self.by_chunk = [(np.array(ks, dtype=np.int64), np.array(segs, dtype=np.int64)) for ks, segs in by_chunk]
-        if len(self.by_chunk) >= _MAX_CHUNKS:
-            raise NotImplementedError(f"a fused kernel reads {max(len(k.iclasses) for k in self.kernels)} I-classes: "
-                                      f"the cost table packs at most {(_MAX_CHUNKS - 1) * chunk}")
+        self.packing = self.pack(range(len(self.kernels)))
         self.sizes = np.array([len(k.ops) for k in self.kernels], dtype=np.int64)
         # Every link's edges flat, each with its link's number; per link its kernel and position: which
         # links a plan's collectives break is one gather (`evaluate`), not a scan per cut kernel.
@@ -151,24 +139,41 @@ class FusedKernels:
 
     # ------------------------------------------------------------ evaluation
 
-    def evaluate(self, codes: np.ndarray, cut_edges: np.ndarray, by_kind: Counter[str]) -> tuple[int, int, int]:
+    def evaluate(self, codes: np.ndarray, cut_edges: np.ndarray, by_kind: Counter[str],
+                 fold: Any = None) -> tuple[int, int, int]:
         """Add every kernel's time to `by_kind`; return (flops, kernels, fused ops):
-        the pieces' count and how many ops run inside a piece of several."""
+        the pieces' count and how many ops run inside a piece of several.
+        `fold` (`costmodel.table_fold.TableFold`, its orbits holding): the
+        kernels that no collective cuts are counted per orbit, each orbit
+        priced from one member, and `cut_edges` are the use orbits' first uses."""
         if not self.kernels:
             return 0, 0, 0
-        is_cut = np.zeros(len(self.t.edge_op_of), dtype=bool)
-        is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
+        if fold is None:
+            is_cut = np.zeros(len(self.t.edge_op_of), dtype=bool)
+            is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
+            link_cut = is_cut[self.link_edges]
+        else:  # a use is cut where its orbit's first use is
+            is_cut = np.zeros(len(fold.edges), dtype=bool)
+            is_cut[fold.edge_orbit[cut_edges]] = True
+            link_cut = is_cut[fold.link_orbit]
         broken: dict[int, list[int]] = {}  # per cut kernel, the positions of its links a collective breaks
-        for link in np.unique(self.link_ids[is_cut[self.link_edges]]).tolist():
+        for link in np.unique(self.link_ids[link_cut]).tolist():
             k, n = self.link_at[link]
             broken.setdefault(k, []).append(n)
         cut = np.fromiter(broken, dtype=np.int64, count=len(broken))
-        keep = np.ones(len(self.kernels), dtype=bool)
-        keep[cut] = False
-        reps = np.flatnonzero(keep)
-        ids = self.row_ids(codes)[reps]
+        if fold is None:
+            keep = np.ones(len(self.kernels), dtype=bool)
+            keep[cut] = False
+            reps = np.flatnonzero(keep)
+            ids, weights = self.row_ids(codes)[reps], None
+        else:  # an orbit's kernels have its first member's row: count the uncut ones
+            orbits = fold.kernels
+            uncut = orbits.size - np.bincount(orbits.of[cut], minlength=len(orbits.size))
+            live = np.flatnonzero(uncut)
+            reps, weights = orbits.packing.kernels[live], uncut[live]
+            ids = self.row_ids(codes, orbits.packing)[live]
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        times = np.bincount(inverse.reshape(-1), minlength=len(first))
+        times = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(first)).astype(np.int64)
         flops = 0
         for rep, count in zip(first.tolist(), times.tolist()):
             k = int(reps[rep])
@@ -176,25 +181,60 @@ class FusedKernels:
             seconds, kernel_flops = self._price(k, (int(self.signatures[k]), *row), (), codes)
             by_kind[FUSION] += seconds * count
             flops += kernel_flops * count
-        kernels, fused_ops = len(reps), int(self.sizes[reps].sum())
+        kernels, fused_ops = int(times.sum()), int((self.sizes[reps] * (1 if weights is None else weights)).sum())
         for k in broken:
             row = codes[self.iclass_list[k]].tolist()
             f, n, fused = self._evaluate_cut(k, tuple(broken[k]), row, codes, by_kind)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
 
-    def row_ids(self, codes: np.ndarray) -> np.ndarray:
-        """Per kernel, an id equal for two kernels exactly when they have the
-        same signature and their I-classes the same codes."""
-        packed = np.add.reduceat(codes[self.flat_ic] * self.flat_weight, self.segment_starts)
-        segments = self.by_chunk[0][1]  # every kernel has a first chunk, in kernel order
-        _, ids = np.unique(self.signatures * self.chunk_scale + packed[segments], return_inverse=True)
+    def pack(self, kernels: Sequence[int]) -> _Packing:
+        """The I-classes of `kernels` flat, in chunks of columns whose
+        codes pack into one integer (a row's dense id so far times base**chunk
+        stays below the limit): per evaluation one gather, one segmented sum
+        and a 1-D np.unique per chunk over the kernels that have it, rather
+        than a matrix padded to the widest kernel (a 60-column matrix for a
+        mean of 15 on 80 layers)."""
+        base, chunk = self.base, self.chunk
+        flat_ic: list[int] = []
+        flat_weight: list[int] = []
+        starts: list[int] = []
+        by_chunk: list[tuple[list[int], list[int]]] = []  # per chunk: (kernels' positions, their segments)
+        for position, k in enumerate(kernels):
+            iclasses = self.kernels[k].iclasses
+            for c in range(0, len(iclasses), chunk):
+                if c // chunk == len(by_chunk):
+                    by_chunk.append(([], []))
+                by_chunk[c // chunk][0].append(position)
+                by_chunk[c // chunk][1].append(len(starts))
+                starts.append(len(flat_ic))
+                columns = iclasses[c: c + chunk]
+                flat_ic += columns
+                flat_weight += [base ** j for j in range(len(columns))]
+        if len(by_chunk) >= _MAX_CHUNKS:
+            raise NotImplementedError(f"a fused kernel reads {max(len(k.iclasses) for k in self.kernels)} I-classes: "
+                                      f"the cost table packs at most {(_MAX_CHUNKS - 1) * chunk}")
+        return _Packing(np.array(kernels, dtype=np.int64), np.array(flat_ic, dtype=np.int64),
+                        np.array(flat_weight, dtype=np.int64), np.array(starts, dtype=np.int64), base ** chunk,
+                        [(np.array(ks, dtype=np.int64), np.array(segs, dtype=np.int64)) for ks, segs in by_chunk])
+
+    def row_ids(self, codes: np.ndarray, packing: _Packing | None = None) -> np.ndarray:
+        """Per kernel (of `packing`: every kernel by default), an id equal for
+        two kernels exactly when they have the same signature and their
+        I-classes the same codes; the ids of distinct rows are in the same
+        order whichever kernels are packed."""
+        p = packing or self.packing
+        if not len(p.kernels):
+            return np.zeros(0, dtype=np.int64)
+        packed = np.add.reduceat(codes[p.flat_ic] * p.flat_weight, p.segment_starts)
+        segments = p.by_chunk[0][1]  # every kernel has a first chunk, in kernel order
+        _, ids = np.unique(self.signatures[p.kernels] * p.chunk_scale + packed[segments], return_inverse=True)
         ids = ids.reshape(-1)
-        for kernels, segments in self.by_chunk[1:]:
+        for kernels, segments in p.by_chunk[1:]:
             # Kernels with this chunk get fresh ids, above every id so far (ids stay below _MAX_CHUNKS
             # times the kernels): the others keep theirs, and no two kernels of different widths share a
             # signature.
-            _, fresh = np.unique(ids[kernels] * self.chunk_scale + packed[segments], return_inverse=True)
+            _, fresh = np.unique(ids[kernels] * p.chunk_scale + packed[segments], return_inverse=True)
             ids[kernels] = ids.max() + 1 + fresh.reshape(-1)
         return ids
 

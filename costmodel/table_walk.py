@@ -143,6 +143,7 @@ class Walk:
         self.flowing = np.zeros(len(table.fn.ops), dtype=bool)
         self.counts: Counter[str] = Counter()
         self.steps = 0  # collectives (all_slice included) the lowering emits
+        self.folded = None  # the fold `communication` priced by, until `unfold`
 
     @property
     def partial(self) -> dict[int, int]:
@@ -231,20 +232,32 @@ class Walk:
 
     # ------------------------------------------------------------ communication
 
-    def communication(self, by_kind: Counter[str]) -> None:
+    def communication(self, by_kind: Counter[str], fold: Any = None) -> None:
         """Price the collectives of every active use (a use whose wanted
         sharding differs from its value's, or of a partial sum). A partial
         sum is reduced at its first use by an op it does not flow through
         (the lowering reduces once); its later uses reshard the reduced value.
         Shardings are packed into one integer per value or use
-        (`CostTable.pack`), so repeated layers share a key."""
+        (`CostTable.pack`), so repeated layers share a key. `fold`
+        (`costmodel.table_fold.TableFold`, its orbits holding): only each
+        orbit's first use is looked at, counted for the orbit."""
         t, codes = self.t, self.codes
-        def_key = t.pack(codes[t.def_ic])
-        want_key = t.pack(codes[t.use_ic])
         ev = t.edge_vid
         nvalues = len(t.values)
         mask_of, combiner_of = self.mask[:nvalues], self.combiner_id[:nvalues]
-        active = np.flatnonzero((def_key[ev] != want_key) | (mask_of[ev] != 0))
+        if fold is None:
+            def_key = t.pack(codes[t.def_ic])
+            want_key = t.pack(codes[t.use_ic])
+            active = np.flatnonzero((def_key[ev] != want_key) | (mask_of[ev] != 0))
+            weight = t.edge_repeat
+        else:  # the keys of the values and uses the orbits' first uses read; nothing else is read
+            def_key = np.zeros(nvalues, dtype=np.int64)
+            def_key[fold.values] = t.pack(codes[fold.def_ic])
+            want_key = np.zeros(len(ev), dtype=np.int64)
+            want_key[fold.edges] = t.pack(codes[fold.use_ic])
+            firsts = fold.edges
+            active = firsts[(def_key[ev[firsts]] != want_key[firsts]) | (mask_of[ev[firsts]] != 0)]
+            weight = t.edge_repeat * fold.edge_weight
         reducing = active[(mask_of[ev[active]] != 0) & ~self.flowing[t.edge_op[active]]]
         self.reduced_vids, first = np.unique(ev[reducing], return_index=True)
         self.reducing = reducing[first]  # per reduced value, in value order: the use that reduces it
@@ -268,12 +281,14 @@ class Walk:
         edges = np.concatenate([self.reducing, rest])
         order = np.argsort(edges, kind="stable")
         edges, index = edges[order], index[order]
-        counts = np.bincount(index, weights=t.edge_repeat[edges], minlength=len(chains)).astype(np.int64)
+        counts = np.bincount(index, weights=weight[edges], minlength=len(chains)).astype(np.int64)
         for chain, count in zip(chains, counts.tolist()):
             self._tally(chain.priced, count, by_kind)
         lengths = np.array([len(c.priced.kinds) for c in chains], dtype=np.int64)
         has = lengths[index] > 0
+        # With a fold, the orbits' first uses: every use of an orbit has its first use's chain (`unfold`).
         self.chain_edges, self.chain_index, self.chains = edges[has], index[has], chains
+        self.folded = fold
         self.chain_steps = lengths[self.chain_index]
         # Partial results never reduced by a use are reduced after the last op.
         self.end_chains: list[tuple[int, Any]] = []  # (vid, its _Resharding)
@@ -309,8 +324,16 @@ class Walk:
             if kind in COMMUNICATION:
                 self.counts[kind] += count
 
+    def unfold(self) -> None:
+        """The uses with collectives one by one, where `communication` had a fold."""
+        if self.folded is not None:
+            self.chain_edges, self.chain_index = self.folded.expand(self.chain_edges, self.chain_index)
+            self.chain_steps = np.array([len(c.priced.kinds) for c in self.chains], dtype=np.int64)[self.chain_index]
+            self.folded = None
+
     def first_step_bytes(self) -> dict[int, int]:
         """Per use with collectives in front of it: the local bytes of the first one's result."""
+        self.unfold()
         return {e: self.chains[k].priced.result_bytes[0]
                 for e, k in zip(self.chain_edges.tolist(), self.chain_index.tolist())}
 
@@ -327,6 +350,7 @@ class Walk:
         t = self.t
         n = len(t.fn.ops)
         value_bytes = t.value_bytes(self.codes)
+        self.unfold()
         if not n:
             return int(value_bytes[: t.num_params].sum())
         steps, chain_op = self.chain_steps, t.edge_op[self.chain_edges]

@@ -60,8 +60,9 @@ from ir.core import IRError
 from ir.sharding import FactorSharding
 from solver.plan import Plan
 from solver.search.cpsat_memory import memory_cuts
-from solver.search.cpsat_terms import Key, Term, TermModel
+from solver.search.cpsat_terms import Term, TermModel
 from solver.search.forked import forked_map, forks
+from solver.search.keys import Key
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
 from solver.search.space import FREE, Point, SearchSpace

@@ -42,25 +42,12 @@ import numpy as np
 from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import flowing_partial
+from solver.search.keys import IClassKeys
 from solver.search.space import FREE, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
 _ENUMERATION_BITS = 14
 NOT_PARTIAL = (0, "sum")
-
-
-@dataclass(frozen=True, slots=True)
-class Key:
-    group: int
-    base: tuple[str, ...]
-    status: tuple[int, ...]  # per auto axis: FREE, OFF, ON
-    desel: tuple[tuple[int, int], ...]  # (free class, the bit that deselects it)
-    nondiv: tuple[tuple[frozenset[str], ...], ...]  # per auto axis: earlier axes it cannot be combined with
-    higher: tuple[int, ...]  # keys of the owner's I-classes that take an axis first
-    # Per auto axis: the level its group's decision needs to shard it (solver.search.zero: the
-    # narrowest level the space offers that holds its part; WHOLE where none is narrower).
-    level: tuple[int, ...] = ()
-    order: tuple[str, ...] = ()  # the auto axes in the order it takes them (the space's "Axis order")
 
 
 @dataclass(slots=True)
@@ -101,7 +88,8 @@ class TermModel:
         self.axes = space.axes
         self.base_codes = np.append(table.codes(space.base), 0)
         self._scratch, self._dirty = self.base_codes.copy(), []  # `_codes`' array, the I-classes it set
-        self._build_keys()
+        keys = IClassKeys(space)
+        self.keys, self.key_of, self.key_members = keys.keys, keys.key_of, keys.key_members
         self.features: list[tuple] = []  # feature id -> domain (tuple of values)
         self._feature_ids: dict[tuple, int] = {}
         self.terms: dict[tuple, Term] = {}
@@ -116,65 +104,6 @@ class TermModel:
         self._build_terms()
 
     # ------------------------------------------------------------ keys
-
-    def _build_keys(self) -> None:
-        nda, space = self.nda, self.space
-        rank = {c: r for r, c in enumerate(space.priority)}
-        position = {k: p for c in range(nda.num_colors) for p, k in enumerate(nda.color_iclasses[c])}
-        members: dict[tuple, list[int]] = {}
-        for k, ic in enumerate(nda.iclasses):
-            members.setdefault(ic.owner[:2], []).append(k)
-        self.keys: list[Key] = []
-        key_ids: dict[Key, int] = {}
-        self.key_of = [0] * (len(nda.iclasses) + 1)  # the sentinel I-class: a fixed key
-        self.key_members: list[list[int]] = []
-        sentinel = Key(-1, (), tuple(1 for _ in self.axes), (), (), ())
-        self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
-        for owner_members in members.values():
-            ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], position[k]))
-            above: list[int] = []
-            for k in ordered:
-                key = self._key(k, above)
-                kid = self._intern(key_ids, key, k)
-                self.key_of[k] = kid
-                if FREE in key.status:
-                    above.append(kid)
-
-    def _intern(self, ids: dict, key: Key, iclass: int) -> int:
-        kid = ids.get(key)
-        if kid is None:
-            kid = ids[key] = len(self.keys)
-            self.keys.append(key)
-            self.key_members.append([])
-        self.key_members[kid].append(iclass)
-        return kid
-
-    def _key(self, k: int, above: list[int]) -> Key:
-        space, ic = self.space, self.nda.iclasses[k]
-        status = space.status[k]
-        base = space.base.axes[k]
-        if FREE not in status:
-            return Key(-1, base, status, (), (), ())
-        desel = tuple((c, b) for c in space.free_classes for b in (0, 1) if k in self.nda.resolutions(c)[b])
-        held = space.mesh.group_size(base)
-        order = space.axis_order(ic.color)
-        nondiv = []
-        for i, a in enumerate(self.axes):
-            earlier = [b for b in order[:order.index(a)] if status[self.axes.index(b)] == FREE]
-            sets: list[frozenset[str]] = []
-            if status[i] == FREE:
-                for n in range(1, len(earlier) + 1):
-                    for subset in itertools.combinations(earlier, n):
-                        s = frozenset(subset)
-                        size = held * space.mesh.size(a) * math.prod(space.mesh.size(b) for b in s)
-                        if ic.size % size and not any(t <= s for t in sets):
-                            sets.append(s)
-            nondiv.append(tuple(sets))
-        higher = tuple(sorted({j for j in above
-                               if any(x == FREE and y == FREE for x, y in zip(self.keys[j].status, status))}))
-        group = space.group_of[ic.color]
-        level = tuple(space.level_of(group, a, space.part[k]) if st == FREE else 0 for a, st in zip(self.axes, status))
-        return Key(group, base, status, desel, tuple(nondiv), higher, level, order)
 
     def code_of_key(self, kid: int, taken: frozenset[str]) -> int:
         key = self.keys[kid]

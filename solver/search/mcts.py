@@ -129,6 +129,10 @@ descents, the same plans, with most candidates timed only (the report's
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
 best plan is materialized once. Prices are memoized per factor sharding.
+The table is folded by the space's keys (`solver.search.keys`: I-classes
+coded alike in every point), so a plan's times are priced from one member
+of each orbit of ops, kernels and uses (`costmodel.table_fold`), the same
+figures to the bit.
 
 Determinism: one `random.Random(seed)` drives every choice, and iteration
 orders are fixed, so the same inputs and budget give the same plan. The
@@ -152,6 +156,7 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
+from solver.search.keys import IClassKeys
 from solver.search.mcts_polish import polish
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.space import Point, SearchSpace
@@ -262,6 +267,8 @@ class _Mcts:
         self.baseline = evaluate(fn, hardware)
         self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
         self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
+        # Plans are priced by orbit: the space's keys name the I-classes coded alike in every point.
+        self.fold = table.fold(IClassKeys(space).representatives())
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
         self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_rank`)
@@ -326,7 +333,7 @@ class _Mcts:
         key = codes.tobytes()
         priced = self.prices.get(key)
         if priced is None:
-            priced = self._priced(point, codes, key, self.table.evaluate(codes))
+            priced = self._priced(point, codes, key, self.table.evaluate(codes, self.fold))
         return priced
 
     def _priced(self, point: Point, codes: np.ndarray, key: bytes, cost: Cost) -> _Priced:
@@ -354,7 +361,7 @@ class _Mcts:
         slower = self.slower.get(key)
         if slower is not None and slower >= here[1]:
             return None
-        timed = self.table.timed(codes)
+        timed = self.table.timed(codes, self.fold)
         self.fastest_s = min(self.fastest_s, timed.step_time_s)
         runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
         if runtime >= here[1]:

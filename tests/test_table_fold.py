@@ -1,0 +1,75 @@
+"""The cost table folded by orbits (`costmodel.table_fold`): a search's plan
+priced from one member of each orbit of ops, kernels and uses costs exactly
+what it costs priced whole, and the fold does fold."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from test_space import random_points
+from test_table import SMALL, hardware_for
+
+from costmodel.table import CostTable
+from ir.autodiff import training_step
+from ir.core import Mesh
+from ir.models import build
+from ir.nda import analyze
+from solver.planning.tactics import Manual, apply_schedule
+from solver.search.keys import IClassKeys
+from solver.search.space import Point, SearchSpace
+
+PROGRAMS = {  # four layers: three of them fold onto one
+    "transformer": lambda: training_step(build("transformer", **{**SMALL, "layers": 4})),
+    "transformer-gqa-gated": lambda: training_step(build(
+        "transformer", **{**SMALL, "layers": 4, "heads": 4, "head_dim": 2}, kv_heads=2, gated_mlp=True)),
+    "deep_mlp": lambda: training_step(build("deep_mlp")),
+}
+MESHES = {"2x2": Mesh.of(batch=2, model=2), "2x2x2": Mesh.of(batch=2, fsdp=2, model=2)}
+
+
+def _searched(program: str, mesh: Mesh):
+    model = PROGRAMS[program]()
+    nda = analyze(model.function, model.params)
+    base = apply_schedule(nda, mesh, [Manual("batch", ((model.inputs[0], 0),))])
+    space = SearchSpace(nda, base, [a for a in mesh.names if a != "batch"], data_inputs=model.inputs,
+                        optimizer_state=model.state)
+    return space, CostTable(model.function, nda, mesh, hardware_for(mesh))
+
+
+@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_a_plan_priced_by_orbit_costs_what_it_costs_whole(program, mesh_name):
+    space, table = _searched(program, MESHES[mesh_name])
+    fold = table.fold(IClassKeys(space).representatives())
+    # The fold folds: fewer uses and kernels are looked at than the program has (and no more ops).
+    assert len(fold.edges) < len(table.edge_vid)
+    assert len(fold.kernels.size) < len(table.kernels.kernels)
+    assert sum(len(members) for _, members, _, _ in fold.op_groups) <= sum(len(m) for _, m, _ in table.op_groups)
+    rng = random.Random(3)
+    points = list(random_points(space, rng, 25)) + [Point(frozenset(space.variables), ())]
+    cut = 0
+    for point in points:
+        codes = space.codes(point)
+        assert fold.holds(np.append(codes, 0)), point  # a point's codes are constant on each key
+        whole, folded = table.timed(codes), table.timed(codes, fold)
+        assert folded.without_peak == whole.without_peak, point  # the same figures, to the bit
+        assert folded.cost() == whole.cost(), point
+        for name in ("chain_edges", "chain_index", "chain_steps"):
+            assert np.array_equal(getattr(folded.run, name), getattr(whole.run, name)), (point, name)
+        cut += bool(whole.cost().collective_counts)
+    assert cut > len(points) // 2  # most plans have collectives, so uses and kernels are cut
+
+
+def test_codes_not_constant_on_the_orbits_are_priced_whole():
+    space, table = _searched("transformer", MESHES["2x2x2"])
+    keys = IClassKeys(space)
+    fold = table.fold(keys.representatives())
+    codes = space.codes(Point(frozenset(space.variables), ()))
+    # One member of a key of several, given another code than the key's first member.
+    kid = next(k for k, members in enumerate(keys.key_members) if len(members) > 1 and members[-1] < len(codes))
+    changed = codes.copy()
+    changed[keys.key_members[kid][-1]] = (codes[keys.key_members[kid][-1]] + 1) % len(table.axis_tuples)
+    assert not fold.holds(np.append(changed, 0))
+    assert table.timed(changed, fold).cost() == table.timed(changed).cost()
