@@ -285,9 +285,10 @@ class CostTable:
     def timed(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> TimedPlan:
         """The plan's times, its peak memory still to replay (`TimedPlan.cost`):
         a search that needs only to know the plan is no faster than one it
-        has skips the replay, a quarter to a third of an evaluation. `fold`
-        (`fold`): priced by orbit where the plan's codes allow, the same
-        figures (`costmodel.table_fold`)."""
+        has skips the replay, a quarter to a third of an evaluation. With a
+        `fold` (made by `fold`), priced by orbit where the plan's codes are
+        constant on its I-class orbits: the same figures
+        (`costmodel.table_fold`)."""
         codes = self.codes(plan) if isinstance(plan, FactorSharding) else np.asarray(plan, dtype=np.int64)
         if codes.shape != (len(self.nda.iclasses),):
             raise IRError(f"expected {len(self.nda.iclasses)} I-class codes, got shape {codes.shape}")

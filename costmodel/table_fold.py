@@ -16,10 +16,11 @@ where it is reduced, follows from the plan's walk.
 The fold is exact: for codes that are constant on every I-class orbit
 (`holds`, one comparison per evaluation; a plan that is not is priced
 whole), `CostTable.timed` adds the same terms with the same counts in the
-same order as without it, so its figures are the same to the bit; the
-uses with collectives, which the kernels' cuts and the peak memory replay
-read, are the orbits' members (`expand`). tests/test_table_fold.py checks
-this on the searches' plans.
+same order as without it, so its figures are the same to the bit. A
+kernel's link is cut where its use's orbit is, and the uses with
+collectives, which the peak memory replay reads, are the orbits' members
+(`expand`, only for the plans whose peak is replayed).
+tests/test_table_fold.py checks this on random points of search spaces.
 """
 
 from __future__ import annotations
