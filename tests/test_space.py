@@ -17,6 +17,7 @@ from ir.models import build
 from ir.nda import analyze
 from solver.plan import Plan
 from solver.planning.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, apply_schedule
+from solver.search.keys import IClassKeys
 from solver.search.space import Point, SearchSpace
 from solver.search.zero import OPTIMIZER, STORAGE, WHOLE
 
@@ -58,12 +59,17 @@ def test_codes_equal_materialize(program, schedule):
     table = CostTable(model.function, nda, MESH, hardware_for(MESH))
     rng = random.Random(7)
     points = list(random_points(space, rng, 40)) + [Point(frozenset(space.variables), ())]
+    # Materializing only the owners of each key's first I-class (the MCTS's): the same codes.
+    folded = space.folded_codes(IClassKeys(space).representatives())
+    assert len(folded.size) < len(nda.iclasses)
     for point in points:
         expected = table.codes(space.plan(point).materialize(nda))
         assert np.array_equal(space.codes(point), expected), point
+        assert np.array_equal(folded(point), expected), point
         # From a nearby point's passes (a search's successor, or a point with other bits): the same codes.
         for near in (point.without(pair) for pair in sorted(point.levels())):
             assert np.array_equal(space.codes(point, near), expected), (point, near)
+            assert np.array_equal(folded(point, near), expected), (point, near)
         assert np.array_equal(space.codes(point, points[0]), expected), point
     assert len({space.codes(p).tobytes() for p in points}) > 5  # the points do differ
     # A training step's space has partial levels (the attention is a forward program: none).

@@ -129,10 +129,11 @@ descents, the same plans, with most candidates timed only (the report's
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
 best plan is materialized once. Prices are memoized per factor sharding.
-The table is folded by the space's keys (`solver.search.keys`: I-classes
-coded alike in every point), so a plan's times are priced from one member
-of each orbit of ops, kernels and uses (`costmodel.table_fold`), the same
-figures to the bit.
+The space's keys (`solver.search.keys`: I-classes coded alike in every
+point) fold both: a state's codes are materialized for the owners of one
+member of each key (`SearchSpace.folded_codes`), and its times are priced
+from one member of each orbit of ops, kernels and uses
+(`costmodel.table_fold`), the same codes and figures to the bit.
 
 Determinism: one `random.Random(seed)` drives every choice, and iteration
 orders are fixed, so the same inputs and budget give the same plan. The
@@ -267,8 +268,11 @@ class _Mcts:
         self.baseline = evaluate(fn, hardware)
         self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
         self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
-        # Plans are priced by orbit: the space's keys name the I-classes coded alike in every point.
-        self.fold = table.fold(IClassKeys(space).representatives())
+        # The space's keys name the I-classes coded alike in every point: a point's codes are made for
+        # one member of each (`SearchSpace.folded_codes`), and its times priced by orbit (`CostTable.fold`).
+        representatives = IClassKeys(space).representatives()
+        self.materialize = space.folded_codes(representatives)
+        self.fold = table.fold(representatives)
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
         self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_rank`)
@@ -293,7 +297,7 @@ class _Mcts:
         successor the point is (`SearchSpace.codes`)."""
         codes = self.codes_of.get(point)
         if codes is None:
-            codes = self.codes_of[point] = self.space.codes(point, near).astype(self.code_dtype)
+            codes = self.codes_of[point] = self.materialize(point, near).astype(self.code_dtype)
         return codes
 
     def node(self, point: Point, codes: np.ndarray) -> _Node:

@@ -230,6 +230,16 @@ class SearchSpace:
         successors: the same codes, fewer passes)."""
         return self._fast(point, near)
 
+    def folded_codes(self, iclass_rep: np.ndarray) -> _FastMaterialize:
+        """`codes` (called as it is) for a search that knows which I-classes are
+        coded alike in every point (`iclass_rep`: per I-class, the sentinel
+        last, a representative; `solver.search.keys`): only the owners of the
+        representatives are materialized, a few hundred I-classes where the
+        program has 10^5, and every I-class takes its representative's code.
+        The materialization rule is per owner, so those owners' codes are
+        exact (tests/test_space.py compares them on random points)."""
+        return _FastMaterialize(self, iclass_rep)
+
     def points(self) -> Iterator[Point]:
         """Every point of the space (brute force: per variable, off or one of its levels)."""
         choices = [(0, *self.options[v]) for v in self.variables]
@@ -269,7 +279,7 @@ class _FastMaterialize:
     may qualify; the first (in color order) takes the axis and blocks the
     others, as in the sequential rule."""
 
-    def __init__(self, space: SearchSpace) -> None:
+    def __init__(self, space: SearchSpace, iclass_rep: np.ndarray | None = None) -> None:
         nda, mesh, base = space.nda, space.mesh, space.base
         self.space = space
         tuples = axis_tuples(mesh)
@@ -321,8 +331,42 @@ class _FastMaterialize:
         self.passes = [(a, True) for a in space.axes] + [(a, False) for a in reversed(space.axes)]
         # The last `near` point's passes: (point, its (group, level) pairs per pass, its state after each).
         self._recorded: tuple[Point, list, list] | None = None
+        self.expand: np.ndarray | None = None  # per I-class (the sentinel last), its code's place (`_keep`)
+        if iclass_rep is not None:
+            self._keep(np.asarray(iclass_rep, dtype=np.int64))
+
+    def _keep(self, iclass_rep: np.ndarray) -> None:
+        """Materialize only the I-classes of the owners of the representatives
+        (`SearchSpace.folded_codes`); the others' codes are their representatives'."""
+        n = len(self.size)
+        reps = np.unique(iclass_rep[:n])
+        reps = reps[reps < n]  # the sentinel's key: never sharded
+        keep = np.flatnonzero(np.isin(self.owner, np.unique(self.owner[reps])))
+        place = np.full(n + 1, len(keep), dtype=np.int64)  # the sentinel: the code 0 appended after the kept
+        place[keep] = np.arange(len(keep))
+        self.expand = place[iclass_rep]
+        old_owners, self.owner = np.unique(self.owner[keep], return_inverse=True)
+        self.owner = self.owner.reshape(-1)
+        self.base_owner_mask = self.base_owner_mask[old_owners]
+        self.size, self.part = self.size[keep], self.part[keep]
+        self.base_codes, self.base_held = self.base_codes[keep], self.base_held[keep]
+        self.desel_count = self.desel_count[keep]
+        self.allowed = {a: allowed[keep] for a, allowed in self.allowed.items()}
+
+        def placed(ks: np.ndarray) -> np.ndarray:
+            at = place[ks]
+            return at[at < len(keep)]
+
+        self.class_desel = {cls: tuple(placed(side) for side in sides) for cls, sides in self.class_desel.items()}
+        for key, (members, ranks) in self.group_members.items():
+            at = place[members]
+            self.group_members[key] = (at[at < len(keep)], ranks[at < len(keep)])
 
     def __call__(self, point: Point, near: Point | None = None) -> np.ndarray:
+        codes = self._codes(point, near)
+        return codes if self.expand is None else np.append(codes, 0)[self.expand[:-1]]
+
+    def _codes(self, point: Point, near: Point | None) -> np.ndarray:
         chosen = self._chosen(point)
         start, state = 0, None
         if near is not None and near.bits == point.bits:
