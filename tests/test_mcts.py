@@ -86,14 +86,16 @@ def test_transposition_table_merges_permuted_action_orders():
 
 def test_states_keep_their_codes_narrow_and_price_as_the_table_does():
     """The search keeps every state's codes (and keys its prices by them):
-    one byte per I-class where the mesh has under 256 axis tuples, the same
-    prices as the table's int64 codes."""
+    one per key, one byte each where the mesh has under 256 axis tuples,
+    every I-class's code read from them, the same prices as the table's
+    int64 codes."""
     mesh = Mesh.of(batch=2, model=2)
     model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))
     search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
     root = Point(frozenset(), ())
     point, codes = next(c for a in search.actions if (c := search.child(root, search.codes(root), a)))
-    assert codes.dtype == np.uint8 and np.array_equal(codes, space.codes(point))
+    assert codes.dtype == np.uint8 and np.array_equal(search.whole(codes), space.codes(point))
+    assert len(codes) < len(nda.iclasses)
     assert search.price(point, codes).cost == table.evaluate(space.codes(point))
 
 
@@ -296,7 +298,7 @@ def test_polish_undoes_a_decision_a_descent_cannot():
     codes = search.codes(start)
     search.best = (search.price(start, codes), start, codes)
     _, descended = search.descend(start, codes)
-    assert table.evaluate(descended).step_time_s > best_s * (1 + 1e-9)
+    assert table.evaluate(search.whole(descended)).step_time_s > best_s * (1 + 1e-9)
     assert search.polish() >= 2
     assert search.best[0].cost.step_time_s == pytest.approx(best_s, rel=1e-12)
     assert search.best[1].levels() != start.levels()

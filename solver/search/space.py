@@ -334,6 +334,8 @@ class _FastMaterialize:
         self.expand: np.ndarray | None = None  # per I-class (the sentinel last), its code's place (`_keep`)
         if iclass_rep is not None:
             self._keep(np.asarray(iclass_rep, dtype=np.int64))
+            # The places some I-class reads: a point's codes there (`few`) determine all of them (`whole`).
+            self.places, self.read = np.unique(self.expand[:-1], return_inverse=True)
 
     def _keep(self, iclass_rep: np.ndarray) -> None:
         """Materialize only the I-classes of the owners of the representatives
@@ -365,6 +367,16 @@ class _FastMaterialize:
     def __call__(self, point: Point, near: Point | None = None) -> np.ndarray:
         codes = self._codes(point, near)
         return codes if self.expand is None else np.append(codes, 0)[self.expand[:-1]]
+
+    def few(self, point: Point, near: Point | None = None) -> np.ndarray:
+        """With representatives (`SearchSpace.folded_codes`): the point's codes
+        at the places the I-classes read, one per key; equal for two points
+        exactly when their codes are (`whole` gives those)."""
+        return np.append(self._codes(point, near), 0)[self.places]
+
+    def whole(self, few: np.ndarray) -> np.ndarray:
+        """Every I-class's code from `few`."""
+        return few[self.read.reshape(-1)]
 
     def _codes(self, point: Point, near: Point | None) -> np.ndarray:
         chosen = self._chosen(point)
