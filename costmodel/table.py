@@ -20,9 +20,10 @@ index of its tuple of mesh axes among all ordered tuples of distinct axes
     Which values are partial, where a partial sum flows through a linear
     op and where it is reduced is decided by walking only the ops that
     touch a partial sum, with the lowering's own rules
-    (`ir.lower.flowing_partial`); each active edge's collectives are the
-    lowering's own steps (`ir.lower.reduce_steps`, `redistribute_steps`),
-    priced by `costmodel.evaluate.op_time_s` and memoized;
+    (`ir.lower.flowing_partial`), and kept per the codes the walk reads;
+    each active edge's collectives are the lowering's own steps
+    (`ir.lower.reduce_steps`, `redistribute_steps`), priced by
+    `costmodel.evaluate.op_time_s` and memoized;
   - peak memory replays the device-local program's positions: each op
     preceded by the collectives of its active edges, every local value
     (results, reduced partial sums, collective temporaries) live from its
@@ -109,6 +110,11 @@ class CostTable:
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
         self._chain_memo: dict[tuple, _Resharding] = {}
         self._flow_memo: dict[tuple, int] = {}
+        self._partial_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # `Walk.partial_sums`
+        if len(mesh.axes) > 8:
+            raise NotImplementedError(f"the cost table keeps a partial sum's pending axes in a byte: "
+                                      f"{len(mesh.axes)} mesh axes are more than 8")
+        self.code_dtype = np.min_scalar_type(len(self.axis_tuples) - 1)
         self.kernels = FusedKernels(self, self.kernel_structure)
         if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
             raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "

@@ -47,6 +47,11 @@ def distinct_rows(columns: Sequence[tuple[np.ndarray, int]]) -> tuple[np.ndarray
     return first, inverse.reshape(-1)
 
 
+# The partial-sum walks a table keeps (`Walk.partial_sums`): about this many bytes of answers (a byte
+# per op for its mask, its combiner and whether a sum flows through it; masks of up to 8 axes).
+_PARTIAL_BYTES = 64 << 20
+
+
 def _union(masks: np.ndarray) -> np.ndarray:
     """The bitwise or of each row (columns or-ed one by one: faster than `np.bitwise_or.reduce` on short rows)."""
     out = masks[:, 0].copy()
@@ -103,6 +108,7 @@ class FlowLevels:
         levels = np.array(level, dtype=np.int64)
         self.ops = np.flatnonzero(levels >= 0)
         self.reduction_ic = t.reduction_ic[self.ops]
+        self.values = t.num_params + self.ops
         self.combiner = np.array([t.combiner_id[t.op_combiner[i]] for i in self.ops.tolist()], dtype=np.int64)
         padding, never = len(t.values), t._sentinel
         width = t.use_ic.shape[1]
@@ -126,6 +132,9 @@ class FlowLevels:
                 ops_here, rows, operands, first_user[operands] == ops_here[:, None], use_count[operands] != 1,
                 np.array([t.can_flow[i] for i in ops_here.tolist()], dtype=bool), use_ic,
                 t.op_signature[ops_here]))
+        # Every I-class the walk reads the code of: its answer is a function of their codes alone.
+        self.iclasses = np.unique(np.concatenate([self.reduction_ic.ravel()] + [
+            level.use_ic.ravel() for level in self.levels if level.use_ic is not None]))
 
 
 class Walk:
@@ -163,6 +172,21 @@ class Walk:
         once, and each distinct case of a flow is decided once."""
         t, codes = self.t, self.codes
         levels: FlowLevels = t.flow_levels
+        # The walk's answer follows from the codes of the I-classes it reads: a search meets the same
+        # ones again and again (an action on colors no reduction reads), so it is kept per those codes.
+        key = codes[levels.iclasses].astype(t.code_dtype).tobytes()
+        known = t._partial_memo.get(key)
+        if known is not None:
+            self.mask[levels.values], self.combiner_id[levels.values], self.flowing[levels.ops] = known
+            return
+        self._walk_levels(levels)
+        if len(t._partial_memo) >= max(64, _PARTIAL_BYTES // (3 * len(levels.ops) + 1)):
+            del t._partial_memo[next(iter(t._partial_memo))]
+        t._partial_memo[key] = (self.mask[levels.values].astype(np.uint8),
+                                self.combiner_id[levels.values].astype(np.uint8), self.flowing[levels.ops])
+
+    def _walk_levels(self, levels: FlowLevels) -> None:
+        t, codes = self.t, self.codes
         own = _union(t.code_mask[codes[levels.reduction_ic]])
         sum_id = t.combiner_id["sum"]
         mask, combiner_id, first = self.mask, self.combiner_id, t.num_params

@@ -119,6 +119,31 @@ def test_table_is_independent_of_evaluation_order():
     assert [backward.evaluate(s) for s in reversed(shardings)][::-1] == costs
 
 
+def test_a_partial_sum_walk_kept_for_the_codes_it_reads_is_the_walk():
+    """`Walk.partial_sums` keeps its answer per the codes of the I-classes it
+    reads: plans that share them (most of a search's) read it back. Each plan
+    costs, on a table that has met the others, what it costs walked afresh.
+    Some of these plans shard the reductions alike and the uses apart, and
+    a partial sum flows differently (keying by the reductions' codes alone
+    fails here)."""
+    model, mesh = MODELS["transformer-gqa"](), MESHES["2x2"]
+    nda = analyze(model.function, model.params)
+    rng = random.Random(4)
+    shardings = [random_sharding(nda, mesh, rng) for _ in range(40)]
+    table = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    walked = []
+    for sharding in shardings:
+        met = table.timed(sharding)
+        kept = dict(table._partial_memo)
+        table._partial_memo.clear()
+        alone = table.timed(sharding)
+        table._partial_memo.update(kept)
+        assert met.without_peak == alone.without_peak and met.cost() == alone.cost()
+        assert np.array_equal(met.run.mask, alone.run.mask) and np.array_equal(met.run.flowing, alone.run.flowing)
+        walked.append(alone.run.mask.any())
+    assert len(table._partial_memo) < len(shardings) and any(walked)  # some walks read back, some sums
+
+
 def test_unsharded_plan_costs_the_global_program():
     model = training_step(build("mlp"))
     mesh = MESHES["2x2"]
