@@ -312,7 +312,7 @@ class Walk:
         has = lengths[index] > 0
         # With a fold, the orbits' first uses: every use of an orbit has its first use's chain (`unfold`).
         self.chain_edges, self.chain_index, self.chains = edges[has], index[has], chains
-        self.folded = fold
+        self.folded, self.chain_lengths = fold, lengths
         self.chain_steps = lengths[self.chain_index]
         # Partial results never reduced by a use are reduced after the last op.
         self.end_chains: list[tuple[int, Any]] = []  # (vid, its _Resharding)
@@ -352,7 +352,7 @@ class Walk:
         """The uses with collectives one by one, where `communication` had a fold."""
         if self.folded is not None:
             self.chain_edges, self.chain_index = self.folded.expand(self.chain_edges, self.chain_index)
-            self.chain_steps = np.array([len(c.priced.kinds) for c in self.chains], dtype=np.int64)[self.chain_index]
+            self.chain_steps = self.chain_lengths[self.chain_index]
             self.folded = None
 
     def first_step_bytes(self) -> dict[int, int]:

@@ -277,7 +277,6 @@ class _Mcts:
         self.prices: dict[bytes, _Priced] = {}
         self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_rank`)
         self.codes_of: dict[Point, np.ndarray] = {}
-        self.code_dtype = np.min_scalar_type(len(table.axis_tuples) - 1)
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
         self.valid_of: dict[Point, list[Action]] = {}
         self.descent_of: dict[tuple[Point, tuple[int, str] | None], tuple[Point, np.ndarray]] = {}
@@ -299,7 +298,7 @@ class _Mcts:
         the point is (`SearchSpace.codes`)."""
         codes = self.codes_of.get(point)
         if codes is None:
-            codes = self.codes_of[point] = self.materialize.few(point, near).astype(self.code_dtype)
+            codes = self.codes_of[point] = self.materialize.few(point, near).astype(self.table.code_dtype)
         return codes
 
     def whole(self, codes: np.ndarray) -> np.ndarray:

@@ -365,8 +365,7 @@ class _FastMaterialize:
             self.group_members[key] = (at[at < len(keep)], ranks[at < len(keep)])
 
     def __call__(self, point: Point, near: Point | None = None) -> np.ndarray:
-        codes = self._codes(point, near)
-        return codes if self.expand is None else np.append(codes, 0)[self.expand[:-1]]
+        return self._codes(point, near) if self.expand is None else self.whole(self.few(point, near))
 
     def few(self, point: Point, near: Point | None = None) -> np.ndarray:
         """With representatives (`SearchSpace.folded_codes`): the point's codes
