@@ -4,6 +4,7 @@ orders, and it is reachable from the planner and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from ir.core import Mesh
 from ir.lower import lower
 from solver.planning.expect import COLLECTIVE_KINDS
 from solver.search import mcts, mcts_polish
+from solver.search.forked import forks
 from solver.search.mcts import MctsOptions, solve
 from solver.search.report import SILENT
 from solver.search.space import Point
@@ -315,7 +317,7 @@ def test_polish_is_an_option():
 @pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
 def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypatch, memory):
     """A descent's candidate whose step time alone cannot beat the state it
-    is at is not replayed for memory (`_Mcts.candidate_rank`): the search takes
+    is at is not replayed for memory (`_Mcts.candidate_ranks`): the search takes
     the same course and returns the same plan as one that prices every
     candidate, where memory shapes the answer too."""
     mesh = Mesh.of(batch=2, model=2)
@@ -323,7 +325,8 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
     model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)
     options = MctsOptions(iterations=300, min_dims=0)
     bounded = solve(space, table, options)
-    monkeypatch.setattr(mcts._Mcts, "candidate_rank", lambda self, point, codes, here: self.price(point, codes).rank)
+    monkeypatch.setattr(mcts._Mcts, "candidate_ranks",
+                        lambda self, candidates, here: [self.price(p, c).rank for p, c in candidates])
     priced = solve(space, table, options)
     assert bounded.plan == priced.plan and bounded.cost == priced.cost
     one, every = bounded.report.to_json(), priced.report.to_json()
@@ -332,6 +335,30 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
     assert one["memory_shaped"] == (memory is not None)
     assert one["timed_only"] > 0 and every["timed_only"] == 0
     assert one["evaluations"] + one["timed_only"] == every["evaluations"]
+
+
+@pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
+@pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
+def test_candidates_priced_in_a_helper_process_are_the_same_search(monkeypatch, memory):
+    """With two jobs a descent step's candidates are priced half here, half in
+    a forked helper (`_Mcts.candidate_ranks`): the same plan, cost and course
+    as one process, the helper's prices taken in the candidates' order."""
+    from solver.search import forked
+
+    mesh = Mesh.of(batch=2, model=2)
+    hardware = slow_hardware(mesh) if memory is None else slow_hardware(mesh, memory=memory)
+    model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)
+    options = MctsOptions(iterations=300, min_dims=0)
+    alone = solve(space, table, options)
+    started, start = [], forked.Helpers._start
+    monkeypatch.setattr(forked.Helpers, "_start", lambda self: started.append(self.processes) or start(self))
+    shared = solve(space, table, dataclasses.replace(options, jobs=2))
+    assert started == [2]  # a helper forked once for the whole search
+    assert alone.plan == shared.plan and alone.cost == shared.cost
+    one, two = alone.report.to_json(), shared.report.to_json()
+    for timing in ("solve_s", "build_s"):
+        one.pop(timing), two.pop(timing)
+    assert one == two
 
 
 def test_polish_narrows_a_level_no_action_can_set():

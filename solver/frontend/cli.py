@@ -404,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "has (its named schedules, the best searched plan) and searches the N best (default 4)")
             p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                            help="N processes (default 1; the same answer, Linux's fork) for a mesh search's "
-                           "screen of its candidate meshes and for scoring the plans a pipelined spec re-ranks")
+                           "screen of its candidate meshes, for scoring the plans a pipelined spec re-ranks, and "
+                           "for pricing the MCTS's candidate plans")
             p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
                            help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
             p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",

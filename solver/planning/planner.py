@@ -333,7 +333,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     if spec.pipelined:
         search.score = _reranking_score(spec, programs, remat, options)
         search.score_at_least_step_time = spec.stages * spec.chunks == 1
-        search.score_jobs = (overrides or SearchOverrides()).jobs
+    search.jobs = (overrides or SearchOverrides()).jobs
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
@@ -443,7 +443,9 @@ class _Search:
         # The score is a step of one stage (gradient accumulation): never faster than the whole batch's step
         # the search prices (`pipelining.choose_microbatches`), so the re-ranking may stop early.
         self.score_at_least_step_time = False
-        self.score_jobs = 1  # processes that score the plans after the first (`CpSatOptions.score_jobs`)
+        # Processes for work whose answer does not depend on where it runs: the MCTS's candidates
+        # (`MctsOptions.jobs`), the plans CP-SAT scores after the first (`CpSatOptions.score_jobs`).
+        self.jobs = 1
         self.reports: list[Any] = []
         self._table = None
         self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
@@ -462,7 +464,8 @@ class _Search:
                             optimizer_state=self.model.state)
         try:
             if auto.solver == "mcts":
-                options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed)
+                options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed,
+                                           jobs=self.jobs)
                 result = mcts.solve(space, self._table, options, self.progress, incumbent=self._start(space))
             else:
                 hint = self._start(space)
@@ -471,7 +474,7 @@ class _Search:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",
                                                   score_at_least_step_time=self.score_at_least_step_time,
-                                                  score_jobs=self.score_jobs)
+                                                  score_jobs=self.jobs)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

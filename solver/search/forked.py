@@ -1,14 +1,15 @@
 """Independent, deterministic work in forked processes: the mesh screen's
 meshes (`solver.planning.mesh_screen`), CP-SAT's re-ranked plans
-(`solver.search.cpsat`). A forked child shares the parent's memory as it
-is (programs, cost tables, closures) without pickling it; only each
-result comes back."""
+(`solver.search.cpsat`), the MCTS's candidates (`Helpers`). A forked child
+shares the parent's memory as it is (programs, cost tables, closures)
+without pickling it; only each result comes back."""
 
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
-from typing import Any, TypeVar
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -52,4 +53,86 @@ def _run(index: int) -> Any:
     return _WORK(index)
 
 
-__all__ = ["forked_map", "forks"]
+class Helpers(Generic[T]):
+    """`work` shared with `processes - 1` forked helpers kept while this is
+    open (a `with` block): `map(items)` hands the k-th of every `processes`
+    items to helper k (this process works the 0-th) and returns the results
+    in order. A search hands its small batches over again and again: keeping
+    the helpers costs one fork each, not one a batch, and this process works
+    too rather than waits. A helper forks at the first batch worth sharing
+    and sees this process's memory as it was then, so `work` must give the
+    same result wherever it runs; what it changes (a cache) stays where it
+    ran. Where the platform does not fork, or with one process, all of it
+    runs here."""
+
+    def __init__(self, work: Callable[[Any], T], processes: int) -> None:
+        self.work, self.processes = work, processes
+        self._helpers: list[tuple[Any, Any]] = []  # (process, connection)
+
+    def map(self, items: Sequence[Any]) -> list[T]:
+        if not forks(self.processes, len(items)):
+            return [self.work(item) for item in items]
+        if not self._helpers:
+            self._start()
+        n = len(self._helpers) + 1
+        for k, (_, conn) in enumerate(self._helpers, start=1):
+            conn.send(items[k::n])
+        out: list[Any] = [None] * len(items)
+        out[0::n] = [self.work(item) for item in items[0::n]]
+        for k, (process, conn) in enumerate(self._helpers, start=1):
+            try:
+                ok, results = conn.recv()
+            except (EOFError, OSError):
+                self.close()
+                raise RuntimeError(f"a helper process ended without answering (exit code {process.exitcode}; "
+                                   "killed for memory?); run with one process (--jobs 1)") from None
+            if not ok:
+                self.close()
+                raise RuntimeError(f"a helper process failed:\n{results}")
+            out[k::n] = results
+        return out
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("fork")
+        for _ in range(self.processes - 1):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(theirs, self.work), daemon=True)
+            process.start()
+            theirs.close()
+            self._helpers.append((process, mine))
+
+    def close(self) -> None:
+        for process, conn in self._helpers:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            conn.close()
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        self._helpers = []
+
+    def __enter__(self) -> Helpers[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(conn: Any, work: Callable[[Any], Any]) -> None:
+    """A helper's loop: a batch in, its results (or the error) out, until None."""
+    while True:
+        try:
+            items = conn.recv()
+        except EOFError:
+            return
+        if items is None:
+            return
+        try:
+            conn.send((True, [work(item) for item in items]))
+        except Exception:  # noqa: BLE001 -- the parent raises it, with the helper's traceback
+            conn.send((False, traceback.format_exc()))
+
+
+__all__ = ["Helpers", "forked_map", "forks"]

@@ -141,11 +141,20 @@ time limit is a backstop; a search it cuts short may differ run to run.
 The rounds stop at `_ROUNDS_SHARE` of it, so that the polish always has
 the rest: on llama2_70b, whose rounds the limit cuts, the polish then
 takes the answer from 8.722 to 8.696 s within the same 60 s.
+
+Helpers. With `jobs` above 1 (`shardplan plan --jobs N`), a descent
+step's candidates, their codes and then their prices, are worked in turn
+here and in forked helper processes kept for the whole search
+(`solver.search.forked.Helpers`, `_Mcts.work`). Either is a function of
+the codes, the space and the table alone, and the results are taken in the
+candidates' order, so the course, the memo tables and the answer are those
+of one process; only the time limit can tell them apart. A descent step
+has tens to a couple of hundred candidates of a few milliseconds each, so
+a batch dwarfs the fork (once a search) and the pipe (twice a step).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import time
@@ -157,16 +166,15 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
+from solver.search.forked import Helpers
 from solver.search.keys import IClassKeys
+from solver.search.mcts_actions import STOP, Action, actions, statically_valid, successor
 from solver.search.mcts_polish import polish
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.space import Point, SearchSpace
-from solver.search.zero import WHOLE
 
 # The share of the time limit the rounds may take: the polish has the rest at least.
 _ROUNDS_SHARE = 0.75
-# An action fixes the bits of at most this many resolution classes (2**this variants).
-_RESOLVED_CLASSES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,26 +190,14 @@ class MctsOptions:
     patience: int = 10  # a round ends after this many trajectories in a row that did not beat its best
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
+    jobs: int = 1  # processes pricing a descent step's candidates (`_Mcts.candidate_ranks`): the same search
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "round_iterations", "max_depth", "patience"):
+        for name in ("iterations", "round_iterations", "max_depth", "patience", "jobs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MctsOptions.{name} must be at least 1, got {getattr(self, name)}")
         if self.time_limit_s <= 0:
             raise ValueError(f"MctsOptions.time_limit_s must be positive, got {self.time_limit_s}")
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """Shard the colors of `group` along `axis` up to `level`, fixing the resolution `bits` (class, bit)."""
-
-    group: int
-    axis: str
-    bits: tuple[tuple[int, int], ...]
-    level: int = WHOLE
-
-
-STOP = None  # the stop action
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +259,7 @@ class _Mcts:
             raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
         self.space, self.table, self.options, self.progress = space, table, options, progress
         self.rng = random.Random(options.seed)
-        self.actions, self.pruned = _actions(space, options.min_dims)
+        self.actions, self.pruned = actions(space, options.min_dims)
         fn, hardware = table.fn, table.hardware
         self.baseline = evaluate(fn, hardware)
         self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
@@ -275,7 +271,8 @@ class _Mcts:
         self.fold = table.fold(representatives)
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
-        self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_rank`)
+        self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_ranks`)
+        self.helpers: Helpers = Helpers(self.work, 1)  # `solve` opens the option's processes
         self.codes_of: dict[Point, np.ndarray] = {}
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
         self.valid_of: dict[Point, list[Action]] = {}
@@ -298,7 +295,7 @@ class _Mcts:
         the point is (`SearchSpace.codes`)."""
         codes = self.codes_of.get(point)
         if codes is None:
-            codes = self.codes_of[point] = self.materialize.few(point, near).astype(self.table.code_dtype)
+            codes = self.codes_of[point] = self.work(("codes", point, near))
         return codes
 
     def whole(self, codes: np.ndarray) -> np.ndarray:
@@ -317,26 +314,28 @@ class _Mcts:
     def valid(self, point: Point) -> list[Action]:
         valid = self.valid_of.get(point)
         if valid is None:
-            valid = self.valid_of[point] = [a for a in self.actions if _valid(point, a)]
+            valid = self.valid_of[point] = [a for a in self.actions if statically_valid(point, a)]
         return valid
 
     def child(self, point: Point, codes: np.ndarray, action: Action) -> tuple[Point, np.ndarray] | None:
         """The state after a statically valid action, or None if it changes nothing."""
-        key = (point, action)
-        if key in self.children_of:
-            return self.children_of[key]
-        bits = dict(point.bits)
-        bits.update(action.bits)
-        pair = (action.group, action.axis)
-        base = point.without(pair)  # the pair is unset or at a narrower level (`_valid`)
-        if action.level == WHOLE:
-            child = Point(base.sharded | {pair}, tuple(sorted(bits.items())), base.partial)
-        else:
-            child = Point(base.sharded, tuple(sorted(bits.items())), base.partial | {(*pair, action.level)})
-        child_codes = self.codes(child, point)
-        after = None if np.array_equal(child_codes, codes) else (child, child_codes)
-        self.children_of[key] = after
-        return after
+        return self.children(point, codes, [action])[0]
+
+    def children(self, point: Point, codes: np.ndarray,
+                 actions: list[Action]) -> list[tuple[Point, np.ndarray] | None]:
+        """`child` of each action; the codes not made yet are made by `work`,
+        shared with the helpers, as a descent step's prices are."""
+        made = {}
+        for action in actions:
+            if (point, action) not in self.children_of:
+                made[action] = successor(point, action)
+        todo = list(dict.fromkeys(c for c in made.values() if c not in self.codes_of))
+        for child, child_codes in zip(todo, self.helpers.map([("codes", child, point) for child in todo])):
+            self.codes_of[child] = child_codes
+        for action, child in made.items():
+            child_codes = self.codes_of[child]
+            self.children_of[(point, action)] = None if np.array_equal(child_codes, codes) else (child, child_codes)
+        return [self.children_of[(point, action)] for action in actions]
 
     def price(self, point: Point, codes: np.ndarray) -> _Priced:
         key = codes.tobytes()
@@ -355,28 +354,55 @@ class _Mcts:
         self.fastest_s = min(self.fastest_s, cost.step_time_s)
         return priced
 
-    def candidate_rank(self, point: Point, codes: np.ndarray, here: tuple[bool, float]) -> tuple[bool, float] | None:
-        """A descent's candidate's rank, or None where its step time alone
-        shows it cannot rank before `here`, a plan that fits: C = RT + MP is
-        at least RT, so a plan whose RT is no smaller than here's C is no
-        better, fitting or not, and its peak memory is not replayed (module
-        docstring, "Bounds"). Where here does not fit, every candidate is priced."""
-        key = codes.tobytes()
-        priced = self.prices.get(key)
-        if priced is not None:
-            return priced.rank
-        if here[0]:
-            return self.price(point, codes).rank
-        slower = self.slower.get(key)
-        if slower is not None and slower >= here[1]:
-            return None
+    def candidate_ranks(self, candidates: list[tuple[Point, np.ndarray]],
+                        here: tuple[bool, float]) -> list[tuple[bool, float] | None]:
+        """A descent step's candidates' ranks, None for those whose step time
+        alone shows they cannot rank before `here`, a plan that fits: C = RT +
+        MP is at least RT, so a plan whose RT is no smaller than here's C is
+        no better, fitting or not, and its peak memory is not replayed (module
+        docstring, "Bounds"). Where here does not fit, every candidate is
+        priced. The plans not priced yet are priced by `work`, shared with
+        the search's helper processes (`options.jobs`, `work`), and taken in the
+        candidates' order: the same search whoever priced them."""
+        threshold = None if here[0] else here[1]
+        todo: dict[bytes, tuple[Point, np.ndarray]] = {}
+        for point, codes in candidates:
+            key = codes.tobytes()
+            if key in self.prices or key in todo:
+                continue
+            slower = self.slower.get(key)
+            if threshold is None or slower is None or slower < threshold:
+                todo[key] = (point, codes)
+        assessed = self.helpers.map([("price", codes, threshold) for _, codes in todo.values()])
+        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), assessed):
+            self.fastest_s = min(self.fastest_s, step_time_s)
+            if cost is None:
+                self.slower[key] = runtime
+            else:
+                self._priced(point, codes, key, cost)
+        ranks = []
+        for _, codes in candidates:
+            priced = self.prices.get(codes.tobytes())
+            ranks.append(None if priced is None else priced.rank)
+        return ranks
+
+    def work(self, task: tuple) -> Any:
+        """What the helpers share (`solver.search.forked.Helpers`), a function
+        of the task, the space and the table alone, so it runs here or in a
+        helper: ("codes", point, near): the point's codes (`codes`);
+        ("price", codes, threshold): a candidate's (step time, RT, cost), the
+        cost None, its peak not replayed, where its RT is at least `threshold`
+        (here's C, `candidate_ranks`), the RT None where it is priced whole."""
+        if task[0] == "codes":
+            _, point, near = task
+            return self.materialize.few(point, near).astype(self.table.code_dtype)
+        _, codes, threshold = task
         timed = self.table.timed(self.whole(codes), self.fold)
-        self.fastest_s = min(self.fastest_s, timed.step_time_s)
-        runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
-        if runtime >= here[1]:
-            self.slower[key] = runtime
-            return None
-        return self._priced(point, codes, key, timed.cost()).rank
+        if threshold is not None:
+            runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
+            if runtime >= threshold:
+                return timed.step_time_s, runtime, None
+        return timed.step_time_s, None, timed.cost()
 
     # ------------------------------------------------------------ one trajectory
 
@@ -456,19 +482,17 @@ class _Mcts:
         candidates = self.allowed(point, avoid)
         while point.size < self.options.max_depth:
             here, found, improving = best, None, []
-            for action in candidates:
-                after = self.child(point, codes, action)
-                if after is not None:
-                    rank = self.candidate_rank(*after, here)
-                    if rank is not None and rank < here:
-                        improving.append(action)
-                        if rank < best:
-                            best, found, taken = rank, after, action
+            steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
+            for (action, after), rank in zip(steps, self.candidate_ranks([after for _, after in steps], here)):
+                if rank is not None and rank < here:
+                    improving.append(action)
+                    if rank < best:
+                        best, found, taken = rank, after, action
             if found is None:
                 break
             point, codes = found
             # Focus: only the actions that improved on the state just left are tried from the next one.
-            candidates = [a for a in improving if a is not taken and _valid(point, a)] if focus \
+            candidates = [a for a in improving if a is not taken and statically_valid(point, a)] if focus \
                 else self.allowed(point, avoid)
         self.descent_of[(start, avoid)] = (point, codes)
         return point, codes
@@ -547,37 +571,6 @@ class _Mcts:
                 f"best step time {priced.cost.step_time_s:.4g} s ({fits}), {elapsed:.1f} s")
 
 
-def _actions(space: SearchSpace, min_dims: int) -> tuple[list[Action], int]:
-    """Every action of the space, and how many were pruned (module docstring)."""
-    nda = space.nda
-    touching: dict[int, list[int]] = {g: [] for g in range(len(space.groups))}
-    for cls in space.free_classes:
-        colors = {nda.iclasses[k].color for side in nda.resolutions(cls) for k in side}
-        for g in sorted({space.group_of[c] for c in colors}):
-            touching[g].append(cls)
-    actions, pruned = [], 0
-    for g, axis in space.variables:
-        classes = touching[g][:_RESOLVED_CLASSES]
-        variants = [tuple(zip(classes, bits)) for bits in itertools.product((0, 1), repeat=len(classes))]
-        if sum(nda.color_names[c] for c in space.groups[g]) < min_dims:
-            pruned += len(variants) * len(space.options[(g, axis)])
-            continue
-        actions += [Action(g, axis, bits, level) for level in space.options[(g, axis)] for bits in variants]
-    return actions, pruned
-
-
-def _valid(point: Point, action: Action) -> bool:
-    """Statically valid: the (group, axis) is not set yet at this level or a
-    wider one, and the bits agree with the fixed ones."""
-    if (action.group, action.axis) in point.sharded:
-        return False
-    if action.level < WHOLE and any(v[:2] == (action.group, action.axis) and v[2] >= action.level
-                                    for v in point.partial):
-        return False
-    fixed = dict(point.bits)
-    return all(fixed.get(c, b) == b for c, b in action.bits)
-
-
 def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = None,
           progress: Progress = SILENT, *, incumbent: Point | None = None) -> AutoResult:
     """The best plan the search finds (module docstring); plan None if none fits memory."""
@@ -585,7 +578,8 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     start = time.perf_counter()
     search = _Mcts(space, table, options, progress)
     build_s = time.perf_counter() - start
-    done, rounds, stopped_by = search.run(incumbent)
+    with Helpers(search.work, options.jobs) as search.helpers:
+        done, rounds, stopped_by = search.run(incumbent)
     solve_s = time.perf_counter() - start - build_s
     priced, point, codes = search.best
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,

@@ -1,0 +1,51 @@
+"""solver.search.forked.Helpers: work shared with forked processes kept
+open, the results in order, a helper's failure raised here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from solver.search.forked import Helpers, forks
+
+needs_fork = pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
+
+
+def _where(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+@needs_fork
+def test_helpers_return_every_result_in_order_and_share_the_work():
+    with Helpers(_where, 3) as helpers:
+        first = helpers.map(list(range(10)))
+        again = helpers.map(list(range(7)))  # the same helpers, kept between batches
+        kept = list(helpers._helpers)
+    assert [r for r, _ in first] == [x * x for x in range(10)]
+    assert [r for r, _ in again] == [x * x for x in range(7)]
+    pids = {pid for _, pid in first}
+    assert len(pids) == 3 and os.getpid() in pids
+    assert {pid for _, pid in again} == pids  # not forked again
+    assert all(not process.is_alive() for process, _ in kept)  # closed with the block
+
+
+def test_one_process_or_one_item_runs_here():
+    with Helpers(_where, 1) as helpers:
+        assert helpers.map([1, 2, 3]) == [(1, os.getpid()), (4, os.getpid()), (9, os.getpid())]
+        assert not helpers._helpers
+    with Helpers(_where, 4) as helpers:
+        assert helpers.map([5]) == [(25, os.getpid())]
+        assert not helpers._helpers
+
+
+def _fails_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three is not allowed")
+    return x
+
+
+@needs_fork
+def test_a_helpers_failure_is_raised_here_with_its_traceback():
+    with Helpers(_fails_on_three, 2) as helpers, pytest.raises(RuntimeError, match="three is not allowed"):
+        helpers.map([0, 1, 2, 3])  # 3 goes to the helper (odd positions)
