@@ -326,13 +326,18 @@ class CostTable:
         (with the sentinel): the local bytes of the first one's result."""
         return self._walk(codes, communication=True).first_step_bytes()
 
-    def value_bytes(self, codes: np.ndarray) -> np.ndarray:
-        """Each value's local bytes: its global bytes over its dimensions' group sizes."""
-        sizes = self.code_size[codes[self.def_ic]]
+    def value_bytes(self, codes: np.ndarray, fold: TableFold | None = None) -> np.ndarray:
+        """Each value's local bytes: its global bytes over its dimensions' group
+        sizes. With a `fold` that holds for the codes: each class of values
+        alike (`TableFold.value_class`) computed once."""
+        def_ic, global_bytes = (self.def_ic, self.global_bytes) if fold is None else \
+            (fold.value_def_ic, fold.value_global_bytes)
+        sizes = self.code_size[codes[def_ic]]
         groups = sizes[:, 0].copy()
         for d in range(1, sizes.shape[1]):
             groups *= sizes[:, d]
-        return self.global_bytes // groups
+        local = global_bytes // groups
+        return local if fold is None else local[fold.value_class]
 
     def _walk(self, codes: np.ndarray, communication: bool) -> Walk:
         run = Walk(self, codes)

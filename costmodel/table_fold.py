@@ -19,7 +19,9 @@ whole), `CostTable.timed` adds the same terms with the same counts in the
 same order as without it, so its figures are the same to the bit. A
 kernel's link is cut where its use's orbit is, and the uses with
 collectives, which the peak memory replay reads, are the orbits' members
-(`expand`, only for the plans whose peak is replayed).
+(`expand`, only for the plans whose peak is replayed). The replay's local
+bytes are each value's class's (its global bytes and its dimensions'
+representatives).
 tests/test_table_fold.py checks this on random points of search spaces.
 """
 
@@ -90,6 +92,11 @@ class TableFold:
         self.values = np.union1d(ev[self.edges], t.num_params + t.flow_levels.ops)
         self.def_ic = t.def_ic[self.values]
         self.link_orbit = orbit[t.kernels.link_edges]  # per use a kernel's link carries, its orbit
+        # Values by (global bytes, the representatives of their dimensions): alike in local bytes.
+        rows = np.column_stack([t.global_bytes, rep[t.def_ic]])
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        self.value_def_ic, self.value_global_bytes = t.def_ic[first], t.global_bytes[first]
+        self.value_class = inverse.reshape(-1)  # per value, the class whose first value it is priced by
 
     def holds(self, codes: np.ndarray) -> bool:
         """Whether `codes` (with the sentinel) are constant on every I-class orbit."""

@@ -36,6 +36,8 @@ from ir.sharding import local_type
 
 _KEY_LIMIT = 1 << 62  # packed integer keys stay below this (int64, with room to spare)
 _MAX_CHUNKS = 64  # chunks of a kernel's I-classes' codes (`FusedKernels.row_ids`)
+# Kernels cut by collectives up to which `_evaluate_cut` loops over them rather than grouping them.
+_FEW_CUT = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +135,11 @@ class FusedKernels:
                 at.append((k, n))
         self.link_edges = np.array(link_edges, dtype=np.int64)
         self.link_ids = np.array(link_ids, dtype=np.int64)
-        self.link_at = at
-        self._cut_memo: dict[tuple, tuple[list[tuple[str, float]], int, int, int]] = {}
+        # Per link its kernel and its position there; links are numbered kernel by kernel, position by
+        # position, so sorted links list the cut kernels in order, each one's positions ascending.
+        self.link_kernel = np.array([k for k, _ in at], dtype=np.int64)
+        self.link_position = np.array([n for _, n in at], dtype=np.int64)
+        self._cut_memo: dict[tuple, tuple] = {}  # `_cut_term`
         self._memo: dict[tuple, tuple[float, int]] = {}
 
     # ------------------------------------------------------------ evaluation
@@ -156,11 +161,8 @@ class FusedKernels:
             is_cut = np.zeros(len(fold.edges), dtype=bool)
             is_cut[fold.edge_orbit[cut_edges]] = True
             link_cut = is_cut[fold.link_orbit]
-        broken: dict[int, list[int]] = {}  # per cut kernel, the positions of its links a collective breaks
-        for link in np.unique(self.link_ids[link_cut]).tolist():
-            k, n = self.link_at[link]
-            broken.setdefault(k, []).append(n)
-        cut = np.fromiter(broken, dtype=np.int64, count=len(broken))
+        cut_links = np.unique(self.link_ids[link_cut])
+        cut, first_link, links_cut = np.unique(self.link_kernel[cut_links], return_index=True, return_counts=True)
         if fold is None:
             keep = np.ones(len(self.kernels), dtype=bool)
             keep[cut] = False
@@ -182,9 +184,9 @@ class FusedKernels:
             by_kind[FUSION] += seconds * count
             flops += kernel_flops * count
         kernels, fused_ops = int(times.sum()), int((self.sizes[reps] * (1 if weights is None else weights)).sum())
-        for k in broken:
-            row = codes[self.iclass_list[k]].tolist()
-            f, n, fused = self._evaluate_cut(k, tuple(broken[k]), row, codes, by_kind)
+        if len(cut):
+            f, n, fused = self._evaluate_cut(cut, first_link, links_cut, self.link_position[cut_links], codes,
+                                             by_kind, fold)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
 
@@ -238,19 +240,69 @@ class FusedKernels:
             ids[kernels] = ids.max() + 1 + fresh.reshape(-1)
         return ids
 
-    def _evaluate_cut(self, k: int, broken: tuple[int, ...], row: list[int], codes: np.ndarray,
-                      by_kind: Counter[str]) -> tuple[int, int, int]:
-        """Kernel k with its links `broken` cut (`row`: its I-classes' codes)."""
-        key = (self.kernels[k].signature, broken, *row)
+    def _evaluate_cut(self, cut: np.ndarray, first_link: np.ndarray, links_cut: np.ndarray,
+                      positions: np.ndarray, codes: np.ndarray, by_kind: Counter[str],
+                      fold: Any) -> tuple[int, int, int]:
+        """The kernels `cut` (ascending), each with its links at `positions`
+        from `first_link` on (`links_cut` of them) broken: each distinct case
+        (the kernel's orbit, or the kernel itself without a fold, and the
+        positions broken) priced once (`_cut_term`), and the pieces' times
+        added to `by_kind` one by one in kernel order, as a loop over the
+        kernels would (a running sum per kind: the same floats to the bit)."""
+        if len(cut) <= _FEW_CUT:  # the loop itself: cheaper than the arrays below for a few kernels
+            flops = kernels = fused_ops = 0
+            for c, k in enumerate(cut.tolist()):
+                broken = tuple(positions[first_link[c]: first_link[c] + links_cut[c]].tolist())
+                kinds, seconds, term_flops, pieces, fused = self._cut_term(k, broken, codes)
+                for kind, s in zip(kinds, seconds):
+                    by_kind[kind] += s
+                flops, kernels, fused_ops = flops + term_flops, kernels + pieces, fused_ops + fused
+            return flops, kernels, fused_ops
+        width = int(links_cut.max())
+        cases = np.full((len(cut), width + 1), -1, dtype=np.int64)
+        cases[:, 0] = cut if fold is None else fold.kernels.of[cut]
+        column = np.arange(len(positions)) - np.repeat(first_link, links_cut)
+        cases[np.repeat(np.arange(len(cut)), links_cut), column + 1] = positions
+        _, case_first, case_of = np.unique(cases, axis=0, return_index=True, return_inverse=True)
+        case_of = case_of.reshape(-1)
+        terms = []
+        for c in case_first.tolist():
+            k = int(cut[c])
+            broken = tuple(positions[first_link[c]: first_link[c] + links_cut[c]].tolist())
+            terms.append(self._cut_term(k, broken, codes))
+        counts = np.bincount(case_of, minlength=len(terms))
+        flops = kernels = fused_ops = 0
+        for (_, _, term_flops, pieces, fused), count in zip(terms, counts.tolist()):
+            flops, kernels, fused_ops = flops + term_flops * count, kernels + pieces * count, fused_ops + fused * count
+        # Every cut kernel's pieces in order: per kind, the times it adds, summed left to right.
+        lengths = np.array([len(kinds) for kinds, _, _, _, _ in terms], dtype=np.int64)
+        flat_kinds = [kind for kinds, _, _, _, _ in terms for kind in kinds]
+        flat_seconds = np.array([s for _, seconds, _, _, _ in terms for s in seconds], dtype=np.float64)
+        offset = np.cumsum(lengths) - lengths
+        steps = lengths[case_of]
+        order = np.repeat(offset[case_of] - (np.cumsum(steps) - steps), steps) + np.arange(int(steps.sum()))
+        kind_ids = {kind: j for j, kind in enumerate(dict.fromkeys(flat_kinds))}
+        of_kind = np.array([kind_ids[kind] for kind in flat_kinds], dtype=np.int64)[order]
+        seconds = flat_seconds[order]
+        for kind, j in kind_ids.items():
+            running = np.concatenate(([by_kind[kind]], seconds[of_kind == j]))
+            by_kind[kind] = float(np.add.accumulate(running)[-1])
+        return flops, kernels, fused_ops
+
+    def _cut_term(self, k: int, broken: tuple[int, ...], codes: np.ndarray) -> tuple:
+        """Kernel k with its links `broken` cut: its pieces' kinds and times,
+        flops, pieces and ops fused, memoized on its signature, the links cut
+        and its I-classes' codes (a kernel of a repeated layer is cut alike in
+        every layer)."""
+        key = (self.kernels[k].signature, broken, *codes[self.iclass_list[k]].tolist())
         term = self._cut_memo.get(key)
-        if term is None:  # a cut kernel of a repeated layer is cut alike in every layer
+        if term is None:
             pieces = self.price_pieces(k, codes, broken)
-            term = self._cut_memo[key] = ([(kind, seconds) for kind, seconds, _, _ in pieces],
+            term = self._cut_memo[key] = (tuple(kind for kind, _, _, _ in pieces),
+                                          tuple(seconds for _, seconds, _, _ in pieces),
                                           sum(f for _, _, f, _ in pieces), len(pieces),
                                           sum(n for kind, _, _, n in pieces if kind == FUSION))
-        for kind, seconds in term[0]:
-            by_kind[kind] += seconds
-        return term[1:]
+        return term
 
     def price_pieces(self, k: int, codes: np.ndarray, broken: tuple[int, ...]) -> list[tuple[str, float, int, int]]:
         """Kernel k with its links `broken` (positions in `links`) cut: per piece,

@@ -292,7 +292,7 @@ class Walk:
         # Other active uses: of the reduced value after the reducing use, else of the value as defined.
         self.reduced_at = np.full(nvalues, len(t.edge_op_of), dtype=np.int64)
         self.reduced_at[self.reduced_vids] = self.reducing
-        is_reducing = np.zeros(len(t.edge_op_of), dtype=bool)
+        self.is_reducing = is_reducing = np.zeros(len(t.edge_op_of), dtype=bool)
         is_reducing[self.reducing] = True
         rest = active[~is_reducing[active]]
         v = ev[rest]
@@ -373,15 +373,18 @@ class Walk:
         result (to the next step, the last one to its consumer)."""
         t = self.t
         n = len(t.fn.ops)
-        value_bytes = t.value_bytes(self.codes)
+        value_bytes = t.value_bytes(self.codes, self.folded)
         self.unfold()
         if not n:
             return int(value_bytes[: t.num_params].sum())
         steps, chain_op = self.chain_steps, t.edge_op[self.chain_edges]
+        # Per distinct chain: how many of its steps reduce a partial sum, and the reduced value's bytes.
+        reduce_count = np.array([c.reduce_count for c in self.chains], dtype=np.int64)
+        reduced_bytes = np.array([c.priced.result_bytes[c.reduce_count - 1] if c.priced.result_bytes else 0
+                                  for c in self.chains], dtype=np.int64)
         # A chain that only reduces a partial sum sits right after the sum's op (`ir.lower`), first
         # among the chains emitted there; the others right before their op, in program order.
-        reduces = np.array([c.reduce_count for c in self.chains], dtype=np.int64)[self.chain_index] == steps
-        hoisted = reduces & np.isin(self.chain_edges, self.reducing)
+        hoisted = (reduce_count[self.chain_index] == steps) & self.is_reducing[self.chain_edges]
         insert = np.where(hoisted, t.edge_vid[self.chain_edges] - t.num_params + 1, chain_op)
         order = np.lexsort((~hoisted, insert))
         before = np.empty_like(steps)
@@ -404,7 +407,7 @@ class Walk:
             own_last[t.used_values] = np.maximum.reduceat(np.where(after, -1, read), t.first_use_of)
             reduced_last[t.used_values] = np.maximum.reduceat(np.where(after, read, -1), t.first_use_of)
         spans = [_temporaries(self.chains, self.chain_index, start, np.cumsum(steps) - steps, op_pos[chain_op]),
-                 self._reduced(start, op_pos, reduced_last, end)]
+                 self._reduced(start, op_pos, reduced_last, end, reduce_count, reduced_bytes)]
         pos = int(op_pos[-1]) + 1
         for (v, chain), count in zip(self.end_chains, end_steps):
             spans.append(_temporaries([chain], np.zeros(1, np.int64), np.array([pos]), np.zeros(1, np.int64),
@@ -425,15 +428,15 @@ class Walk:
         resident = int(value_bytes[: t.num_params].sum())
         return resident + int(np.cumsum(delta[:end]).max())
 
-    def _reduced(self, start: np.ndarray, op_pos: np.ndarray, reduced_last: np.ndarray, end: int):
+    def _reduced(self, start: np.ndarray, op_pos: np.ndarray, reduced_last: np.ndarray, end: int,
+                 reduce_count: np.ndarray, reduced_bytes: np.ndarray):
         """(starts, lasts, bytes) of the partial sums reduced at a use: from
-        the step that reduces them to their last read (the end for results)."""
+        the step that reduces them to their last read (the end for results).
+        `reduce_count`, `reduced_bytes`: per distinct chain."""
         t = self.t
         at = np.searchsorted(self.chain_edges, self.reducing)
-        chain_ids = self.chain_index[at].tolist()
-        k = np.array([self.chains[c].reduce_count for c in chain_ids], dtype=np.int64)
-        size = np.array([self.chains[c].priced.result_bytes[r - 1] for c, r in zip(chain_ids, k.tolist())],
-                        dtype=np.int64)
+        chain_ids = self.chain_index[at]
+        k, size = reduce_count[chain_ids], reduced_bytes[chain_ids]
         first = start[at]
         reduced_at = first + k - 1
         # The reducing chain's later steps read the reduced value; if it has none, its op does.

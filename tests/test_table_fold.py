@@ -73,3 +73,28 @@ def test_codes_not_constant_on_the_orbits_are_priced_whole():
     changed[keys.key_members[kid][-1]] = (codes[keys.key_members[kid][-1]] + 1) % len(table.axis_tuples)
     assert not fold.holds(np.append(changed, 0))
     assert table.timed(changed, fold).cost() == table.timed(changed).cost()
+
+
+@pytest.mark.parametrize("program", ["transformer", "transformer-gqa-gated"])
+def test_kernels_cut_alike_are_priced_once_and_add_up_as_one_by_one(monkeypatch, program):
+    """The kernels a plan's collectives cut are grouped by case (orbit and
+    links broken) and their pieces' times added as running sums per kind
+    (`FusedKernels._evaluate_cut`): the same figures, to the bit, as the
+    loop over the kernels one by one, folded or not."""
+    from costmodel import table_kernels
+
+    space, table = _searched(program, MESHES["2x2x2"])
+    fold = table.fold(IClassKeys(space).representatives())
+    points = list(random_points(space, random.Random(5), 20))
+    grouped, counted = [], []
+    monkeypatch.setattr(table_kernels, "_FEW_CUT", 0)  # every plan's cut kernels grouped
+    for point in points:
+        codes = space.codes(point)
+        grouped.append((table.timed(codes).without_peak, table.timed(codes, fold).without_peak))
+        counted.append(len(table.timed(codes).run.chain_edges))
+    monkeypatch.setattr(table_kernels, "_FEW_CUT", 10**9)  # ... and looped over
+    looped = [(table.timed(space.codes(p)).without_peak, table.timed(space.codes(p), fold).without_peak)
+              for p in points]
+    assert grouped == looped
+    assert all(whole == folded for whole, folded in grouped)
+    assert sum(c > 0 for c in counted) > len(points) // 2  # most plans cut kernels
