@@ -338,11 +338,13 @@ class _Mcts:
         return [self.children_of[(point, action)] for action in actions]
 
     def price(self, point: Point, codes: np.ndarray) -> _Priced:
-        key = codes.tobytes()
-        priced = self.prices.get(key)
-        if priced is None:
-            priced = self._priced(point, codes, key, self.table.evaluate(self.whole(codes), self.fold))
-        return priced
+        return self.price_all([(point, codes)])[0]
+
+    def price_all(self, states: list[tuple[Point, np.ndarray]]) -> list[_Priced]:
+        """`price` of each state: those not priced yet are priced by `work`,
+        shared with the helpers, in order (`_assess`)."""
+        self._assess(states, None)
+        return [self.prices[codes.tobytes()] for _, codes in states]
 
     def _priced(self, point: Point, codes: np.ndarray, key: bytes, cost: Cost) -> _Priced:
         relative = Assessment(cost, self.baseline, self.ideal_s).relative_cost
@@ -361,12 +363,21 @@ class _Mcts:
         MP is at least RT, so a plan whose RT is no smaller than here's C is
         no better, fitting or not, and its peak memory is not replayed (module
         docstring, "Bounds"). Where here does not fit, every candidate is
-        priced. The plans not priced yet are priced by `work`, shared with
-        the search's helper processes (`options.jobs`, `work`), and taken in the
-        candidates' order: the same search whoever priced them."""
-        threshold = None if here[0] else here[1]
+        priced (`_assess`, shared with the helpers)."""
+        self._assess(candidates, None if here[0] else here[1])
+        ranks = []
+        for _, codes in candidates:
+            priced = self.prices.get(codes.tobytes())
+            ranks.append(None if priced is None else priced.rank)
+        return ranks
+
+    def _assess(self, states: list[tuple[Point, np.ndarray]], threshold: float | None) -> None:
+        """Price the states not priced yet, but for those whose RT is at least
+        `threshold` (kept in `slower`, their peak not replayed): by `work`,
+        shared with the helpers, the results taken in the states' order, so
+        the prices, the best and the smallest are those of a loop over them."""
         todo: dict[bytes, tuple[Point, np.ndarray]] = {}
-        for point, codes in candidates:
+        for point, codes in states:
             key = codes.tobytes()
             if key in self.prices or key in todo:
                 continue
@@ -380,11 +391,6 @@ class _Mcts:
                 self.slower[key] = runtime
             else:
                 self._priced(point, codes, key, cost)
-        ranks = []
-        for _, codes in candidates:
-            priced = self.prices.get(codes.tobytes())
-            ranks.append(None if priced is None else priced.rank)
-        return ranks
 
     def work(self, task: tuple) -> Any:
         """What the helpers share (`solver.search.forked.Helpers`), a function

@@ -79,14 +79,13 @@ def _savings(search: Any, point: Point, codes: np.ndarray, avoid: Pair, cost: An
     """Per action from the point that saves memory (never on `avoid`): the
     seconds it adds, the bytes it saves, the action; the `_REFIT_ITEMS`
     that save the most bytes per second added (a saving at no cost first)."""
+    actions = search.allowed(point, avoid)
+    steps = [(a, after) for a, after in zip(actions, search.children(point, codes, actions)) if after is not None]
     items = []
-    for action in search.allowed(point, avoid):
-        after = search.child(point, codes, action)
-        if after is not None:
-            other = search.price(*after).cost
-            saved = cost.peak_memory_bytes - other.peak_memory_bytes
-            if saved > 0:
-                items.append((other.step_time_s - cost.step_time_s, saved, action))
+    for (action, _), priced in zip(steps, search.price_all([after for _, after in steps])):
+        saved = cost.peak_memory_bytes - priced.cost.peak_memory_bytes
+        if saved > 0:
+            items.append((priced.cost.step_time_s - cost.step_time_s, saved, action))
     items.sort(key=lambda item: (item[0] / item[1], -item[1]))
     return items[:_REFIT_ITEMS]
 
