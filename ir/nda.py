@@ -221,12 +221,7 @@ def analyze(fn: Function, group_params: Sequence[str] | None = None, group_depth
     rules = _RuleCache()
     name_iclass, owners, op_factor_iclass = _identities(fn, names, rules)
     iclass_color, color_count, neighbors = _colors(fn, names, name_iclass, len(owners))
-    op_labels: dict[int, str] = {}  # op index -> its label's prefix, shared by its factors
-    iclasses = tuple(
-        IClass(i, int(iclass_color[i]), _owner_size(fn, rules, o), o, _owner_label(fn, rules, o, op_labels),
-               _owner_shardable(fn, rules, o))
-        for i, o in enumerate(owners)
-    )
+    iclasses = _iclasses(fn, rules, owners, iclass_color.tolist())
     conflicts, aligned = _conflicts_and_boxes(fn, names, name_iclass, iclass_color)
     compat_sets, classes, deselected = _compatibility(iclasses, conflicts, aligned)
     color_iclasses: list[list[int]] = [[] for _ in range(color_count)]
@@ -284,12 +279,18 @@ class _RuleCache:
 
     def __init__(self) -> None:
         self.rules: dict[tuple, ops.FactorRule] = {}
+        # The same op asks again and again (per factor, per pass): by identity first, its key unhashed.
+        self.of_op: dict[int, tuple[Op, ops.FactorRule]] = {}
 
     def __call__(self, op: Op) -> ops.FactorRule:
+        known = self.of_op.get(id(op))
+        if known is not None and known[0] is op:
+            return known[1]
         key = (op.kind, tuple(o.type for o in op.operands), op.attrs)
         rule = self.rules.get(key)
         if rule is None:
             rule = self.rules[key] = ops.factor_rule(op)
+        self.of_op[id(op)] = (op, rule)  # the op held: its id is not reused while the cache lives
         return rule
 
 
@@ -353,33 +354,36 @@ def _colors(fn: Function, names: _Names, name_iclass: np.ndarray, count: int):
     return color.astype(np.int64), len(ids), tuple(tuple(sorted(n)) for n in neighbors)
 
 
-def _owner_size(fn: Function, rules: _RuleCache, owner: tuple) -> int:
-    if owner[0] == "op":
-        return rules(fn.ops[owner[1]]).factors[owner[2]].size
-    return fn.params[owner[1]].type.shape[owner[2]]
-
-
-def _owner_shardable(fn: Function, rules: _RuleCache, owner: tuple) -> bool:
-    if owner[0] != "op":
-        return True
-    rule = rules(fn.ops[owner[1]])
-    f = owner[2]
-    if rule.factors[f].kind is ops.FactorKind.OPAQUE:
-        return False
-    return all(f not in dims[1:] for tensor in rule.operands + rule.results for dims in tensor)
-
-
-def _owner_label(fn: Function, rules: _RuleCache, owner: tuple, op_labels: dict[int, str]) -> str:
-    """What an I-class is, without names or positions: equal for the same
-    factor of identical ops in different layers."""
-    if owner[0] == "op":
-        op = fn.ops[owner[1]]
-        prefix = op_labels.get(owner[1])
-        if prefix is None:
+def _iclasses(fn: Function, rules: _RuleCache, owners: list[tuple], colors: list[int]) -> tuple[IClass, ...]:
+    """Each owner's I-class: its size, its label (what it is, without names
+    or positions: equal for the same factor of identical ops in different
+    layers) and whether block sharding may split it (not an opaque factor,
+    nor the minor part of a merged dimension anywhere in its op). What
+    follows from an op is made once per op, what follows from its rule once
+    per rule: 10^5 owners on 80 layers."""
+    per_op: dict[int, tuple[str, ops.FactorRule]] = {}  # op index -> (its label's prefix, its rule)
+    per_rule: dict[int, tuple[bool, ...]] = {}  # id(rule) -> per factor, whether shardable
+    out = []
+    for i, owner in enumerate(owners):
+        kind, at, f = owner
+        if kind != "op":
+            param = fn.params[at]
+            out.append(IClass(i, colors[i], param.type.shape[f], owner, f"param:{param.type}:{f}", True))
+            continue
+        known = per_op.get(at)
+        if known is None:
+            op = fn.ops[at]
             types = ",".join(str(o.type) for o in op.operands)
-            prefix = op_labels[owner[1]] = f"{op.kind}({types}){dict(op.attrs.items)}"
-        return f"{prefix}:{rules(op).factors[owner[2]].name}"
-    return f"param:{fn.params[owner[1]].type}:{owner[2]}"
+            known = per_op[at] = (f"{op.kind}({types}){dict(op.attrs.items)}", rules(op))
+        prefix, rule = known
+        shardable = per_rule.get(id(rule))
+        if shardable is None:
+            minor = {g for tensor in rule.operands + rule.results for dims in tensor for g in dims[1:]}
+            shardable = per_rule[id(rule)] = tuple(
+                factor.kind is not ops.FactorKind.OPAQUE and g not in minor for g, factor in enumerate(rule.factors))
+        factor = rule.factors[f]
+        out.append(IClass(i, colors[i], factor.size, owner, f"{prefix}:{factor.name}", shardable[f]))
+    return tuple(out)
 
 
 def _conflicts_and_boxes(
