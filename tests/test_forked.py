@@ -49,3 +49,18 @@ def _fails_on_three(x: int) -> int:
 def test_a_helpers_failure_is_raised_here_with_its_traceback():
     with Helpers(_fails_on_three, 2) as helpers, pytest.raises(RuntimeError, match="three is not allowed"):
         helpers.map([0, 1, 2, 3])  # 3 goes to the helper (odd positions)
+
+
+def _dies_on_three(x: int) -> int:
+    if x == 3:
+        os._exit(9)  # as the kernel's OOM killer would end it
+    return x
+
+
+@needs_fork
+def test_a_helper_that_dies_is_named_and_the_others_closed():
+    with Helpers(_dies_on_three, 2) as helpers:
+        assert helpers.map([0, 1]) == [0, 1]
+        with pytest.raises(RuntimeError, match="exit code 9"):
+            helpers.map([0, 1, 2, 3])
+        assert not helpers._helpers

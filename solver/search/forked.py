@@ -9,7 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -75,22 +75,30 @@ class Helpers(Generic[T]):
         if not self._helpers:
             self._start()
         n = len(self._helpers) + 1
-        for k, (_, conn) in enumerate(self._helpers, start=1):
-            conn.send(items[k::n])
+        for k, (process, conn) in enumerate(self._helpers, start=1):
+            try:
+                conn.send(items[k::n])
+            except OSError:
+                self._lost(process)
         out: list[Any] = [None] * len(items)
         out[0::n] = [self.work(item) for item in items[0::n]]
         for k, (process, conn) in enumerate(self._helpers, start=1):
             try:
                 ok, results = conn.recv()
             except (EOFError, OSError):
-                self.close()
-                raise RuntimeError(f"a helper process ended without answering (exit code {process.exitcode}; "
-                                   "killed for memory?); run with one process (--jobs 1)") from None
+                self._lost(process)
             if not ok:
                 self.close()
                 raise RuntimeError(f"a helper process failed:\n{results}")
             out[k::n] = results
         return out
+
+    def _lost(self, process: Any) -> NoReturn:
+        process.join(timeout=1)
+        code = process.exitcode
+        self.close()
+        raise RuntimeError(f"a helper process ended without answering (exit code {code}; killed for memory?); "
+                           "run with one process (--jobs 1)") from None
 
     def _start(self) -> None:
         context = multiprocessing.get_context("fork")
