@@ -101,17 +101,30 @@ class TermModel:
         # the use, so only their edge terms define an `emits` feature (each is a clause per combination).
         self.kernel_uses = {e for kernel in table.kernels.kernels for _, _, edges in kernel.links for e in edges}
         self._vectors: dict[tuple, list[tuple[int, ...]]] = {}
+        # The auto axes as a set per bit mask of them (`key_combos`), and per (key, axes held) its code
+        # and whether they divide it: asked once per combination of every term the key is in.
+        self._axis_sets = [frozenset(a for i, a in enumerate(self.axes) if m >> i & 1)
+                           for m in range(1 << len(self.axes))]
+        self._key_codes: dict[tuple[int, frozenset[str]], int] = {}
+        self._divisible: dict[tuple[int, frozenset[str]], bool] = {}
         self._build_terms()
 
     # ------------------------------------------------------------ keys
 
     def code_of_key(self, kid: int, taken: frozenset[str]) -> int:
-        key = self.keys[kid]
-        return self.t.code_of[key.base + tuple(a for a in key.order if a in taken)]
+        code = self._key_codes.get((kid, taken))
+        if code is None:
+            key = self.keys[kid]
+            code = self._key_codes[(kid, taken)] = self.t.code_of[key.base + tuple(a for a in key.order if a in taken)]
+        return code
 
     def divisible(self, kid: int, taken: frozenset[str]) -> bool:
-        key = self.keys[kid]
-        return not any(t <= taken for i, a in enumerate(self.axes) if a in taken for t in key.nondiv[i])
+        ok = self._divisible.get((kid, taken))
+        if ok is None:
+            key = self.keys[kid]
+            ok = self._divisible[(kid, taken)] = not any(
+                t <= taken for i, a in enumerate(self.axes) if a in taken for t in key.nondiv[i])
+        return ok
 
     def _axis_vectors(self, keys: tuple[int, ...], i: int) -> list[tuple[int, ...]]:
         """The 0/1 vectors (does key hold auto axis i) reachable from some x and r."""
@@ -159,10 +172,12 @@ class TermModel:
 
     def key_combos(self, keys: tuple[int, ...]) -> list[tuple[frozenset[str], ...]]:
         """Per key, the auto axes it holds: every reachable, divisible combination."""
-        per_axis = [self._axis_vectors(keys, i) for i in range(len(self.axes))]
+        # Per axis, each reachable vector as the bits it sets in each key's mask of axes held.
+        per_axis = [[tuple(b << i for b in v) for v in self._axis_vectors(keys, i)] for i in range(len(self.axes))]
+        sets = self._axis_sets
         out = []
         for vectors in itertools.product(*per_axis):
-            taken = tuple(frozenset(a for a, v in zip(self.axes, vectors) if v[j]) for j in range(len(keys)))
+            taken = tuple(sets[sum(bits)] for bits in zip(*vectors)) if vectors else (sets[0],) * len(keys)
             if all(self.divisible(k, tk) for k, tk in zip(keys, taken)):
                 out.append(taken)
         return out
