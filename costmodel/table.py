@@ -120,6 +120,7 @@ class CostTable:
             raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
                                       f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
         self._powers = np.array([len(self.axis_tuples) ** d for d in range(self.def_ic.shape[1])], dtype=np.int64)
+        self._py_powers = self._powers.tolist()
 
     def _program_index(self) -> dict[str, Any]:
         """The table's structure that follows from the program and its analysis
@@ -267,7 +268,11 @@ class CostTable:
         return row_codes @ self._powers
 
     def pack_dims(self, dims: DimAxes) -> int:
-        return sum(self.code_of[a] * int(p) for a, p in zip(dims, self._powers))
+        return self.pack_codes([self.code_of[a] for a in dims])
+
+    def pack_codes(self, codes: Sequence[int]) -> int:
+        """A tensor's dimensions' codes (Python ints) as one integer, as `pack` packs a row."""
+        return sum(c * p for c, p in zip(codes, self._py_powers))
 
     def unpack(self, key: int, rank: int) -> DimAxes:
         base = len(self.axis_tuples)
@@ -377,7 +382,7 @@ class CostTable:
         return flops
 
     def _dims(self, row: np.ndarray, rank: int, codes: np.ndarray) -> DimAxes:
-        return tuple(self.axis_tuples[c] for c in codes[row[:rank]])
+        return tuple(map(self.axis_tuples.__getitem__, codes[row[:rank]].tolist()))
 
     def def_dims(self, vid: int, codes: np.ndarray) -> DimAxes:
         return self._dims(self.def_ic[vid], self.values[vid].type.rank, codes)

@@ -492,7 +492,7 @@ def _emits(chain) -> bool:
 
 def packed(t: CostTable, codes: np.ndarray, iclasses: list[int]) -> int:
     """A tensor's packed sharding, its dimensions' I-classes taking their codes."""
-    return t.pack_dims(tuple(t.axis_tuples[c] for c in codes[iclasses]))
+    return t.pack_codes(codes[iclasses].tolist())
 
 
 # ------------------------------------------------------------ the CP-SAT model
