@@ -64,3 +64,17 @@ def test_a_helper_that_dies_is_named_and_the_others_closed():
         with pytest.raises(RuntimeError, match="exit code 9"):
             helpers.map([0, 1, 2, 3])
         assert not helpers._helpers
+
+
+def _fails_on_two(x: int) -> int:
+    if x == 2:
+        raise ValueError("two is not allowed")
+    return x
+
+
+@needs_fork
+def test_a_failure_here_leaves_no_answer_for_the_next_batch():
+    with Helpers(_fails_on_two, 2) as helpers:
+        with pytest.raises(ValueError, match="two"):
+            helpers.map([0, 1, 2, 3])  # 2 fails here, 3 was the helper's
+        assert helpers.map([4, 5, 6, 7]) == [4, 5, 6, 7]  # not the helper's answer to the batch before

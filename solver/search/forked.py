@@ -81,7 +81,11 @@ class Helpers(Generic[T]):
             except OSError:
                 self._lost(process)
         out: list[Any] = [None] * len(items)
-        out[0::n] = [self.work(item) for item in items[0::n]]
+        try:
+            out[0::n] = [self.work(item) for item in items[0::n]]
+        except BaseException:
+            self.close()  # the helpers' answers to this batch are never read: no later batch may read them
+            raise
         for k, (process, conn) in enumerate(self._helpers, start=1):
             try:
                 ok, results = conn.recv()
