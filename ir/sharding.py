@@ -31,6 +31,7 @@ consumer's).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,19 +80,10 @@ def axis_tuples(mesh: Mesh) -> list[tuple[str, ...]]:
     return [t for r in range(len(mesh.axes) + 1) for t in itertools.permutations(mesh.names, r)]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:
     """The per-device type of a tensor sharded as `dims` (memoized: the cost
     model asks the same few again and again)."""
-    key = (ty, dims, mesh)
-    known = _LOCAL_TYPES.get(key)
-    if known is None:
-        if len(_LOCAL_TYPES) >= _LOCAL_TYPES_KEPT:
-            _LOCAL_TYPES.clear()
-        known = _LOCAL_TYPES[key] = _local_type(ty, dims, mesh)
-    return known
-
-
-def _local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:
     shape = []
     for size, axes in zip(ty.shape, dims):
         k = mesh.group_size(axes)
@@ -99,10 +91,6 @@ def _local_type(ty: TensorType, dims: DimAxes, mesh: Mesh) -> TensorType:
             raise IRError(f"dimension of size {size} in {ty} cannot be split over axes {list(axes)} ({k} devices)")
         shape.append(size // k)
     return ty.with_shape(tuple(shape))
-
-
-_LOCAL_TYPES: dict[tuple, TensorType] = {}
-_LOCAL_TYPES_KEPT = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,15 +66,9 @@ def test_a_helper_that_dies_is_named_and_the_others_closed():
         assert not helpers._helpers
 
 
-def _fails_on_two(x: int) -> int:
-    if x == 2:
-        raise ValueError("two is not allowed")
-    return x
-
-
 @needs_fork
 def test_a_failure_here_leaves_no_answer_for_the_next_batch():
-    with Helpers(_fails_on_two, 2) as helpers:
-        with pytest.raises(ValueError, match="two"):
-            helpers.map([0, 1, 2, 3])  # 2 fails here, 3 was the helper's
+    with Helpers(_fails_on_three, 2) as helpers:
+        with pytest.raises(ValueError, match="three"):
+            helpers.map([1, 0, 3, 2])  # 3 fails here (even positions), 0 and 2 were the helper's
         assert helpers.map([4, 5, 6, 7]) == [4, 5, 6, 7]  # not the helper's answer to the batch before
