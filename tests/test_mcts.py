@@ -306,6 +306,30 @@ def test_polish_undoes_a_decision_a_descent_cannot():
     assert search.best[1].levels() != start.levels()
 
 
+def test_polish_also_starts_where_the_incumbent_descent_ended():
+    """The rounds may end in a basin the polish does not leave while the
+    expert's lies elsewhere (llama2_70b): the polish then starts again from
+    where the incumbent's descent ended, and keeps the better end."""
+    name, kwargs, mesh = ZERO_CASES[0]
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
+    best_s = brute_force(space, table)
+
+    def polished(start: Point, incumbent_end: Point | None = None) -> float:
+        search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
+        codes = search.codes(start)
+        search.best = (search.price(start, codes), start, codes)
+        if incumbent_end is not None:
+            search.incumbent_end = (incumbent_end, search.codes(incumbent_end))
+        search.polish()
+        return search.best[0].cost.step_time_s
+
+    fitting = [p for p in space.points() if table.evaluate(space.codes(p)).fits]
+    stuck = next(p for p in fitting if polished(p) > best_s * (1 + 1e-9))
+    reaching = next(p for p in fitting if polished(p) == pytest.approx(best_s, rel=1e-12))
+    assert polished(stuck, reaching) == pytest.approx(best_s, rel=1e-12)
+    assert polished(stuck, stuck) > best_s * (1 + 1e-9)
+
+
 def test_polish_is_an_option():
     name, kwargs, mesh = ZERO_CASES[0]
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
