@@ -241,6 +241,29 @@ def test_the_least_peak_bound_is_below_every_plan_and_tight():
 
 
 @pytest.mark.parametrize("solver", ["cpsat", "mcts"])
+def test_a_remat_program_that_cannot_fit_is_not_even_analyzed(monkeypatch, solver):
+    # Three layers at 2.5 MB: the bound is 4.30 MB as written, 3.03 MB with every other layer
+    # rematerialized and 1.76 MB with every layer. The remat search tells the second from its program
+    # alone, before the analysis and the search; the answer is the one the searches give.
+    import solver.planning.planner as planner
+
+    text = FALLBACK.replace("MEMORY", "2.5MB").replace("layers: 2", "layers: 3")
+    analyzed = []
+    real = planner.analyze
+    monkeypatch.setattr(planner, "analyze", lambda fn, *args: analyzed.append(len(fn.ops)) or real(fn, *args))
+    skipped = plan_spec(parse_spec(text), solver)
+    assert skipped.remat == ("layers.*",) and skipped.assessment.cost.fits
+    assert len(analyzed) == 2  # as written (the first search's program) and every layer
+    assert dict(skipped.remat_tried)[("layers.*[02468]",)] is None
+    monkeypatch.setattr(planner, "unfit", lambda *args: None)
+    searched = plan_spec(parse_spec(text), solver)
+    assert len(analyzed) == 2 + 3
+    assert skipped.remat_tried == searched.remat_tried
+    assert skipped.plan == searched.plan and skipped.remat == searched.remat
+    assert skipped.assessment.cost.step_time_s == searched.assessment.cost.step_time_s
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "mcts"])
 def test_a_program_that_cannot_fit_is_not_searched_and_nothing_changes(monkeypatch, solver):
     # At 2.5 MB the program as written cannot fit (its bound is 3.01 MB): the remat search skips its
     # search, and answers exactly what it answers when that program is searched to find nothing.
@@ -254,7 +277,7 @@ def test_a_program_that_cannot_fit_is_not_searched_and_nothing_changes(monkeypat
     spec = parse_spec(FALLBACK.replace("MEMORY", "2.5MB"))
     skipped = plan_spec(spec, solver)
     searches = len(calls)
-    monkeypatch.setattr(planner._Search, "_check_some_plan_may_fit", lambda self, where: None)
+    monkeypatch.setattr(planner, "unfit", lambda *args: None)
     searched = plan_spec(spec, solver)
     assert (searches, len(calls) - searches) == (2, 3)  # every other layer and every layer; the first, too
     assert skipped.remat_tried == searched.remat_tried and skipped.remat_tried[0] == ((), None)

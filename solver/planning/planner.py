@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s, min_peak_memory_bytes
+from costmodel.hardware import Hardware
 from costmodel.pipeline import PipelineCost
 from costmodel.simulate import Timeline, simulate
 from ir import ops
-from ir.core import IRError
+from ir.core import Function, IRError
 from ir.lower import Lowered, LowerOptions, lower
 from ir.models.base import Model
 from ir.nda import NDA, analyze
@@ -112,17 +113,33 @@ class Prepared:
     remat: tuple[str, ...] = ()  # the layers rematerialized in this program
 
 
-def prepare(spec: Spec, remat: tuple[str, ...] = ()) -> Prepared:
+def prepare(spec: Spec, remat: tuple[str, ...] = (), built: tuple[Model, float] | None = None) -> Prepared:
     """Build the spec's program (with the layers matching `remat`
-    rematerialized), analyze it and cost it on one device."""
+    rematerialized), analyze it and cost it on one device. `built`: the
+    program built already, and the seconds that took."""
     start = time.perf_counter()
-    model = spec.build(remat)
-    built = time.perf_counter()
+    model, build_s = built if built is not None else (spec.build(remat), None)
+    built_at = time.perf_counter()
     nda = analyze(model.function, model.groupable)
     analyzed = time.perf_counter()
     baseline = evaluate(model.function, spec.hardware_obj())
-    return Prepared(model, nda, baseline, {"build": built - start, "analysis": analyzed - built,
+    return Prepared(model, nda, baseline, {"build": built_at - start if build_s is None else build_s,
+                                           "analysis": analyzed - built_at,
                                            "baseline": time.perf_counter() - analyzed}, remat)
+
+
+def unfit(fn: Function, devices: int, hardware: Hardware, least_peak: int | None = None) -> str | None:
+    """Why no plan of the global program `fn` over `devices` devices fits
+    the hardware's memory, or None where one may: even its live bytes split
+    evenly over the devices exceed the capacity (`min_peak_memory_bytes`,
+    or `least_peak` where it is known). Issue 27: the remat search priced
+    hundreds of plans of such programs to find none."""
+    least = min_peak_memory_bytes(fn, devices) if least_peak is None else least_peak
+    capacity = hardware.capacity_bytes
+    if least <= capacity:
+        return None
+    return (f"no plan fits: {format_bytes(capacity)} per device on {hardware.name}, and every plan's peak is at "
+            f"least {format_bytes(least)} (the program's live bytes split evenly over its {devices} devices)")
 
 
 def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = None,
@@ -203,6 +220,7 @@ class _Programs:
         self.pipelines: dict[tuple, tuple[Pipeline, PipelineCost]] = {}  # (remat, plan, options) -> made
         self.prices: dict[tuple, PipelineCost] = {}  # (remat, plan, options) -> priced
         self.known = {(p.remat, p.plan, p.microbatches): p for p in known}  # priced elsewhere (`plan_spec`)
+        self.models: dict[tuple[str, ...], tuple[Model, float]] = {}  # built, not yet analyzed (`model`)
 
     def pipelined(self, remat: tuple[str, ...], plan: Plan,
                   options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
@@ -247,8 +265,19 @@ class _Programs:
 
     def __call__(self, remat: tuple[str, ...]) -> Prepared:
         if remat not in self.built:
-            self.built[remat] = prepare(self.spec, remat)
+            self.built[remat] = prepare(self.spec, remat, self.models.pop(remat, None))
         return self.built[remat]
+
+    def model(self, remat: tuple[str, ...]) -> Model:
+        """The program alone, built once: enough to tell that no plan of it
+        fits (`unfit`) before it is analyzed (`__call__`)."""
+        if remat in self.built:
+            return self.built[remat].model
+        if remat not in self.models:
+            start = time.perf_counter()
+            model = self.spec.build(remat)
+            self.models[remat] = (model, time.perf_counter() - start)
+        return self.models[remat][0]
 
     def table(self, remat: tuple[str, ...], hardware) -> Any:
         from costmodel.table import CostTable
@@ -293,11 +322,17 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
     fits is kept (the fewer layers recomputed on a tie)."""
     tried: list[tuple[tuple[str, ...], Planned | None]] = [((), plain)]
     failures = [f"{no_fit}"] if no_fit else []
+    mesh, hardware = spec.sharding_mesh(), search_hardware(spec, spec.hardware_obj())
     for choice in REMAT_CHOICES:
         try:
-            programs(choice)
+            model = programs.model(choice)
         except SpecError:  # a program without repeated layers to recompute
             break
+        why = unfit(model.function, mesh.num_devices, hardware)
+        if why is not None:  # neither analyzed nor searched (the search would say the same)
+            tried.append((choice, None))
+            failures.append(f"with {', '.join(choice)} rematerialized: {spec.source}: {why}")
+            continue
         try:
             tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, programs, choice,
                                         hints)))
@@ -484,16 +519,12 @@ class _Search:
         return result.plan
 
     def _check_some_plan_may_fit(self, where: str) -> None:
-        """No search when even the program's live bytes split evenly over the
-        devices exceed the capacity: no plan fits (issue 27: the remat search
-        priced hundreds of plans of such programs to find none)."""
+        """No search where no plan can fit (`unfit`)."""
         if self._least_peak is None:
             self._least_peak = min_peak_memory_bytes(self.model.function, self.mesh.num_devices)
-        capacity = self.hardware.capacity_bytes
-        if self._least_peak > capacity:
-            raise NoPlanFits(f"{where}: no plan fits: {format_bytes(capacity)} per device on {self.hardware.name}, "
-                             f"and every plan's peak is at least {format_bytes(self._least_peak)} (the program's "
-                             f"live bytes split evenly over its {self.mesh.num_devices} devices)")
+        why = unfit(self.model.function, self.mesh.num_devices, self.hardware, self._least_peak)
+        if why is not None:
+            raise NoPlanFits(f"{where}: {why}")
 
     def _start(self, space) -> Any:
         """The hint as a point of `space` (its nearest: `SearchSpace.point_of`), or None."""
