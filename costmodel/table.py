@@ -171,9 +171,10 @@ class CostTable:
             self.def_ic[k, : v.type.rank] = nda.name_iclass[base: base + v.type.rank]
         self.global_bytes = np.array([v.type.num_bytes for v in self.values], dtype=np.int64)
         self.result_vids = [self.vid[r] for r in fn.results]
-        self.result_order: dict[int, int] = {}  # vid -> its first position among the results
-        for k, v in enumerate(self.result_vids):
-            self.result_order.setdefault(v, k)
+        # Per value, its first position among the results (-1: not a result).
+        self.result_rank = np.full(len(self.values), -1, dtype=np.int64)
+        returned, first = np.unique(np.array(self.result_vids, dtype=np.int64), return_index=True)
+        self.result_rank[returned] = first
 
     def _index_edges(self) -> None:
         fn, nda = self.fn, self.nda

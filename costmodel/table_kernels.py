@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.fusion import FUSION, FusedOp, components, fuse, fused_time_s
+from costmodel.table_walk import distinct_rows
 from ir import ops
 from ir.sharding import local_type
 
@@ -258,13 +259,14 @@ class FusedKernels:
                     by_kind[kind] += s
                 flops, kernels, fused_ops = flops + term_flops, kernels + pieces, fused_ops + fused
             return flops, kernels, fused_ops
+        # A case's row: its kernel (or orbit), then its positions broken, 0 past the last (positions + 1).
         width = int(links_cut.max())
-        cases = np.full((len(cut), width + 1), -1, dtype=np.int64)
-        cases[:, 0] = cut if fold is None else fold.kernels.of[cut]
+        cases = np.zeros((len(cut), width), dtype=np.int64)
         column = np.arange(len(positions)) - np.repeat(first_link, links_cut)
-        cases[np.repeat(np.arange(len(cut)), links_cut), column + 1] = positions
-        _, case_first, case_of = np.unique(cases, axis=0, return_index=True, return_inverse=True)
-        case_of = case_of.reshape(-1)
+        cases[np.repeat(np.arange(len(cut)), links_cut), column] = positions + 1
+        owner = (cut, len(self.kernels)) if fold is None else (fold.kernels.of[cut], len(fold.kernels.size))
+        radix = int(positions.max()) + 2
+        case_first, case_of = distinct_rows([owner] + [(cases[:, j], radix) for j in range(width)])
         terms = []
         for c in case_first.tolist():
             k = int(cut[c])

@@ -316,8 +316,10 @@ class Walk:
         self.chain_steps = lengths[self.chain_index]
         # Partial results never reduced by a use are reduced after the last op.
         self.end_chains: list[tuple[int, Any]] = []  # (vid, its _Resharding)
-        unreduced = set(np.flatnonzero(mask_of).tolist()).difference(self.reduced_vids.tolist())
-        for v in sorted(unreduced.intersection(t.result_order), key=t.result_order.__getitem__):
+        unreduced = (mask_of != 0) & (t.result_rank >= 0)
+        unreduced[self.reduced_vids] = False
+        unreduced = np.flatnonzero(unreduced)
+        for v in unreduced[np.argsort(t.result_rank[unreduced])].tolist():
             chain = t.resharding(v, int(def_key[v]), int(mask_of[v]), t.combiner_names[combiner_of[v]],
                                  int(def_key[v]))
             self._tally(chain.priced, 1, by_kind)
