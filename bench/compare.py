@@ -77,7 +77,7 @@ def markdown(rows: list[dict], overrides: SearchOverrides) -> str:
             cells += [_time(r["step_time_s"]), f"{r['search_s']:.1f} s"] + ([r["status"]] if solver == "cpsat" else [])
         cells.append(f"{row['ratio']:.4f}" if "ratio" in row else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    budget = f"{overrides.time_limit_s:g} s" if overrides.time_limit_s else "the spec's (default 60 s)"
+    budget = f"{overrides.time_limit_s:g} s" if overrides.time_limit_s else "the spec's (default 50 s)"
     iterations = overrides.iterations or "the spec's (default 200)"
     lines.append("")
     lines.append(f"Budget per backend: {budget}; MCTS trajectories: {iterations}; seed "

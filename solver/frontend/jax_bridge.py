@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from solver.frontend.annotate import annotate_planned
 from solver.planning.planner import Planned, plan_spec
 from solver.planning.spec import load_spec
+from solver.search import SEARCH_TIME_LIMIT_S
 
 # HLO collective op names -> ours.
 XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
@@ -185,7 +186,7 @@ def path_name(path: Any) -> str:
 
 def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.Mesh, hardware: str = "H100-SXM",
              solver: str = "cpsat", inputs: Sequence[str] = (), state: Sequence[str] = (),
-             time_limit_s: float = 60.0, workdir: str | pathlib.Path | None = None) -> JaxPlan:
+             time_limit_s: float = SEARCH_TIME_LIMIT_S, workdir: str | pathlib.Path | None = None) -> JaxPlan:
     """Plan `fn(*args)` on `mesh` and compile it with the plan (see the
     module docstring). `inputs` and `state` are globs over the argument
     names that mark batch inputs and optimizer or model state; the rest are

@@ -84,6 +84,7 @@ from ir.stablehlo import import_module
 from solver.planning.expect import Expectation
 from solver.planning.spec_yaml import SpecError, parse_yaml, read_spec_text, validation_message
 from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, Tactic
+from solver.search import SEARCH_TIME_LIMIT_S
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
 # PartitionSpecs, where plain identifiers need no quoting.
@@ -185,7 +186,7 @@ class AutoSpec(_Strict):
 
     axes: list[str] = Field(min_length=1)
     solver: Literal["cpsat", "mcts"] = "cpsat"
-    time_limit: float = Field(default=60.0, gt=0)  # seconds
+    time_limit: float = Field(default=SEARCH_TIME_LIMIT_S, gt=0)  # seconds
     workers: int = Field(default=1, ge=1)  # CP-SAT
     seed: int = 0
     iterations: int = Field(default=200, ge=1)  # MCTS trajectories

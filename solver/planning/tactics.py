@@ -39,6 +39,7 @@ from ir.core import IRError, Mesh, Value
 from ir.nda import NDA
 from ir.sharding import Decision
 from solver.plan import Plan
+from solver.search import SEARCH_TIME_LIMIT_S
 
 FIRST_DIVISIBLE = "first_divisible"
 
@@ -82,7 +83,7 @@ class Remat:
 class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
-    time_limit_s: float = 60.0
+    time_limit_s: float = SEARCH_TIME_LIMIT_S
     workers: int = 1  # CP-SAT
     seed: int = 0
     iterations: int = 200  # MCTS trajectories

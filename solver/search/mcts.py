@@ -170,6 +170,7 @@ import numpy as np
 from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
+from solver.search import SEARCH_TIME_LIMIT_S
 from solver.search.forked import Helpers
 from solver.search.keys import IClassKeys
 from solver.search.mcts_actions import STOP, Action, actions, statically_valid, successor
@@ -184,7 +185,7 @@ _ROUNDS_SHARE = 0.75
 @dataclass(frozen=True, slots=True)
 class MctsOptions:
     iterations: int = 200  # trajectories, in all rounds
-    time_limit_s: float = 60.0  # a backstop (see the module docstring on determinism)
+    time_limit_s: float = SEARCH_TIME_LIMIT_S  # a backstop (see the module docstring on determinism)
     seed: int = 0
     round_iterations: int = 100
     max_depth: int = 30
