@@ -118,8 +118,9 @@ from 62 of them reaches it. It costs a few memoized descents per decision
 of the answer. With an incumbent, the polish then starts again from where
 the incumbent's descent ended, if that is another plan: the rounds can end
 in a basin the polish does not leave while the expert's lies elsewhere
-(llama2_70b: ZeRO-1 of the layers at 8.696 s, 1.1% above CP-SAT; from the
-expert's DP+FSDP+MP+R the polish reaches ZeRO-3 at 8.636 s).
+(llama2_70b: the batch over all three axes and no tensor parallelism at
+8.696 s, 1.1% above CP-SAT; from the expert's DP+FSDP+MP+R the polish
+reaches the heads and the MLP on the model axis at 8.636 s).
 
 Bounds. A descent looks for the best candidate that improves on the state
 it is at, so a candidate that cannot is only told apart from the others by

@@ -31,8 +31,9 @@ def polish(search: Any, deadline: float) -> int:
     passes. Then the same from where the incumbent's descent ended
     (`_Mcts.seed`), where that is another plan: the expert's basin, which
     the tree may have left for a worse one (llama2_70b: the rounds end in
-    ZeRO-1 of the layers at 8.696 s; the polish from the expert's
-    DP+FSDP+MP+R reaches ZeRO-3 at 8.636 s, CP-SAT's optimum 8.603 s).
+    the batch over all three axes, no tensor parallelism, at 8.696 s; the
+    polish from the expert's DP+FSDP+MP+R reaches the heads and the MLP on
+    the model axis at 8.636 s, CP-SAT's optimum 8.603 s).
     Returns the moves tried."""
     if search.best is None:
         return 0
