@@ -331,7 +331,7 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
         why = unfit(model.function, mesh.num_devices, hardware)
         if why is not None:  # neither analyzed nor searched (the search would say the same)
             tried.append((choice, None))
-            failures.append(f"with {', '.join(choice)} rematerialized: {spec.source}: {why}")
+            failures.append(f"with {', '.join(choice)} rematerialized: {why}")
             continue
         try:
             tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, programs, choice,
