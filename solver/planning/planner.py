@@ -488,7 +488,6 @@ class _Search:
 
     def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
         from costmodel.table import CostTable
-        from solver.search import cpsat, mcts
         from solver.search.space import SearchSpace
 
         self._check_some_plan_may_fit(where)
@@ -498,11 +497,15 @@ class _Search:
         space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs,
                             optimizer_state=self.model.state)
         try:
-            if auto.solver == "mcts":
+            if auto.solver == "mcts":  # each backend imported where it runs (OR-tools: a quarter second)
+                from solver.search import mcts
+
                 options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed,
                                            jobs=self.jobs)
                 result = mcts.solve(space, self._table, options, self.progress, incumbent=self._start(space))
             else:
+                from solver.search import cpsat
+
                 hint = self._start(space)
                 options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
                 if self.score is not None:
