@@ -129,6 +129,23 @@ def test_microbatches_without_a_pipeline_accumulate_gradients():
     assert counts["all_reduce"] > sum(1 for op in whole.lowered.function.ops if op.kind == "all_reduce")
 
 
+def test_an_answer_with_the_specs_own_microbatches_is_made_whole_without_a_folded_price(monkeypatch):
+    # The answer's pipeline is made whole, which prices it; its folded price was asked first only for
+    # the count of microbatches, which a spec that sets it does not need (`planner._made_whole`).
+    import solver.planning.planner as planner
+
+    priced = plan_spec(_spec("microbatches: 2"), schedule="DP+MP")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the answer was priced folded before it was made whole")
+
+    monkeypatch.setattr(planner, "pipelined_cost", refuse)
+    again = plan_spec(_spec("microbatches: 2"), schedule="DP+MP")
+    assert again.pipeline_cost == priced.pipeline_cost and again.plan == priced.plan
+    with pytest.raises(AssertionError, match="priced folded"):  # microbatches: auto still needs its price
+        plan_spec(_spec("microbatches: auto"), schedule="DP+MP")
+
+
 def test_a_searched_plan_always_pipelines_with_its_microbatches():
     # 8 sequences in 4 microbatches of 2: a microbatch cannot split over data (4). The search's best
     # plan of the whole batch puts the batch on data, which its own pipeline then refused (issue 34).
