@@ -439,7 +439,7 @@ def _made_whole(spec: Spec, model: Model, nda: NDA, plan: Plan, priced: Callable
     `microbatches: auto`, the K its pricing chose (choosing again would
     price every K again). With the spec's own K the price is not asked for:
     the whole step prices itself, and pricing it folded first only to read
-    K cost megatron_gpt_18b's MCTS answer 1.3 s."""
+    K cost megatron_gpt_18b's MCTS answer about a second."""
     k = priced().microbatches if spec.microbatches_auto else None
     return pipelined(spec, model, nda, plan, spec.hardware_obj(), options, microbatches=k)
 
