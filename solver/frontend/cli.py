@@ -25,6 +25,7 @@ import numpy as np
 from ir import interpret
 from ir.core import IRError
 from ir.text import parse_file
+from solver.search import SEARCH_TIME_LIMIT_S
 
 EXIT_INPUT_ERROR = 1
 EXIT_NO_PLAN = 3  # compare: a backend returned no plan (the report says why)
@@ -421,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="YAML spec, e.g. specs/transformer.yaml")
     _schedule_argument(p)
     p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
-                   help="time limit of each backend on each auto tactic (default: the spec's, else 50)")
+                   help="time limit of each backend on each auto tactic "
+                        f"(default: the spec's, else {SEARCH_TIME_LIMIT_S:g})")
     _search_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (docs/json.md)")
     p.set_defaults(func=cmd_compare)
@@ -501,7 +503,7 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
                    "with that backend or, if it has none, search every mesh axis (the schedule becomes "
                    "CP-SAT's hint)")
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
-                   help="time limit of each auto tactic (default: the spec's, else 50)")
+                   help=f"time limit of each auto tactic (default: the spec's, else {SEARCH_TIME_LIMIT_S:g})")
     _search_arguments(p)
 
 
