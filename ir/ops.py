@@ -38,5 +38,6 @@ from ir.opset import (  # noqa: E402,F401
     indexing,
     layout,
     reduction,
+    sorting,
     windows,
 )

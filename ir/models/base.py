@@ -32,6 +32,9 @@ class Model:
     # for a forward program or an imported step.
     origins: tuple[tuple[str, str], ...] = ()
     forward_ops: int = 0
+    # What the import changed of how the program runs (a run-time conditional
+    # computes every branch: `ir.stablehlo.control`), each naming its line.
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.function.params]

@@ -10,7 +10,7 @@ registry infers, so an import that type-checks computes what the text says.
 
 Modules: `reader` (text -> functions of statements), `importer` (the
 driver: survey, dispatch, type checks, known constants), and one module of
-handlers per family: `basic`, `bitwise`, `indexing`, `windows`, `control`.
+handlers per family: `basic`, `bitwise`, `indexing`, `sorting`, `windows`, `control`.
 
 Names: parameters are `param_names` when given, else the sanitized
 `jax.arg_info` of each argument where jax printed one, else `arg0`,
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ir.core import Function
-from ir.stablehlo import basic, bitwise, control, indexing, windows  # noqa: F401  (register handlers)
+from ir.stablehlo import basic, bitwise, control, indexing, sorting, windows  # noqa: F401  (register handlers)
 from ir.stablehlo.control import sdy_axes
 from ir.stablehlo.importer import HANDLERS, Importer, check_supported, parse_type
 from ir.stablehlo.reader import VALUE, Func, Reader, StableHLOError, Stmt
@@ -44,11 +44,14 @@ class ImportedModule:
     """An imported program and what ties it back to its text: `origins`
     maps a value's name to the SSA name in @main's body it is the value of
     (an annotated export pins those); `constraints` are the program's own
-    sharding annotations, (value name, sharding text), in order."""
+    sharding annotations, (value name, sharding text), in order; `notes`,
+    what the import changed of how the program runs (a run-time conditional
+    computes every branch), each naming its line."""
 
     function: Function
     origins: Mapping[str, str]
     constraints: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...] = ()
 
     def pins(self) -> tuple[tuple[str, int, str], ...]:
         """The Shardy constraints as (value name, dimension, mesh axis), for
@@ -93,7 +96,7 @@ def import_module(text: str, filename: str = "<stablehlo>", param_names: Sequenc
     fn = _without_dead_ops(importer.b.build(results))
     defined = {v.name for op in fn.ops for v in op.results}
     origins = {v: ssa for v, ssa in importer.origins.items() if v in defined}
-    return ImportedModule(fn, origins, tuple(importer.constraints))
+    return ImportedModule(fn, origins, tuple(importer.constraints), tuple(importer.notes))
 
 
 def _without_dead_ops(fn: Function) -> Function:

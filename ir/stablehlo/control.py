@@ -1,7 +1,15 @@
 """Handlers of structure rather than arithmetic: calls (inlined), `while`
-loops with a static trip count (unrolled), `optimization_barrier` (the
-values pass through) and the sharding annotations jax emits (the values
-pass through; the annotation is recorded as the user's constraint)."""
+loops with a static trip count (unrolled), conditionals (`case`, `if`),
+`optimization_barrier` (the values pass through) and the sharding
+annotations jax emits (the values pass through; the annotation is recorded
+as the user's constraint).
+
+A conditional (`lax.cond`, `lax.switch`, optax.MultiSteps' "apply the
+update every k-th step") whose index is known at import time is its
+branch. Otherwise every branch is computed and each result selected by the
+index, which computes the same values: the IR is straight-line, so a
+plan shards both branches and the cost model prices both, where XLA runs
+one. The import says so (`ImportedModule.notes`, shown by `explain`)."""
 
 from __future__ import annotations
 
@@ -67,6 +75,81 @@ def while_loop(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
         if values is None or len(values) != len(inits):
             raise imp.error(stmt, f"stablehlo.while: the body must return {len(inits)} value(s)")
     raise imp.error(stmt, f"stablehlo.while: more than {MAX_TRIPS} trips; not unrolled")
+
+
+@handles("stablehlo.case")
+def case(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
+    """`lax.switch`/`lax.cond`: branch i for index i, the last branch for an
+    index out of range (StableHLO's semantics)."""
+    (index,) = _operand(imp, stmt, scope)
+    if index.type.shape != () or index.type.dtype != "i32":
+        raise imp.error(stmt, f"stablehlo.case: the index must be a scalar i32, got {index.type}")
+    known = imp.known_int(index)
+    count = len(stmt.regions)
+    if known is not None:
+        return _branch(imp, stmt, scope, known if 0 <= known < count else count - 1)
+    outs = [_branch(imp, stmt, scope, i) for i in range(count)]
+    chosen = outs[-1]
+    for i in reversed(range(count - 1)):
+        at = imp.op("full", [], shape=[], dtype="i32", value=i)
+        chosen = _selected(imp, stmt, scope, imp.op("compare", [index, at], direction="eq"), outs[i], chosen,
+                           last=i == 0)
+    imp.notes.append(f"line {stmt.line}: stablehlo.case with an index known only at run time: its {count} branches "
+                     "are all computed and each result selected by the index (XLA runs one branch; the plan and "
+                     "its cost cover all)")
+    return chosen
+
+
+@handles("stablehlo.if")
+def if_(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
+    """The first region where the predicate holds, the second where not."""
+    (pred,) = _operand(imp, stmt, scope)
+    if pred.type.shape != () or pred.type.dtype != "bool":
+        raise imp.error(stmt, f"stablehlo.if: the predicate must be a scalar i1, got {pred.type}")
+    if len(stmt.regions) != 2:
+        raise imp.error(stmt, f"stablehlo.if: expected two regions (true, false), found {len(stmt.regions)}")
+    known = imp.known.get(id(pred))
+    if known is not None:
+        return _branch(imp, stmt, scope, 0 if bool(known) else 1)
+    on_true, on_false = _branch(imp, stmt, scope, 0), _branch(imp, stmt, scope, 1)
+    imp.notes.append(f"line {stmt.line}: stablehlo.if with a predicate known only at run time: both branches are "
+                     "computed and each result selected by the predicate (XLA runs one branch; the plan and its "
+                     "cost cover both)")
+    return _selected(imp, stmt, scope, pred, on_true, on_false, last=True)
+
+
+def _operand(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
+    """A conditional's one operand, `"stablehlo.case"(%i) ({...`."""
+    args = imp.args(stmt, scope, stmt.rest.split(")")[0])
+    if len(args) != 1 or not stmt.regions:
+        raise imp.error(stmt, f"{stmt.op}: expected one operand and a region per branch")
+    return args
+
+
+def _branch(imp: Importer, stmt: Stmt, scope: Scope, i: int) -> list[Value]:
+    """Branch i emitted (a branch reads the enclosing values; it has no arguments)."""
+    region = stmt.regions[i]
+    if region.args:
+        raise imp.error(stmt, f"{stmt.op}: branch {i} takes arguments; a branch reads the values around it")
+    out = imp.block(region.body, Scope(dict(scope.values)))
+    declared = imp.declared(stmt)
+    if out is None or [v.type for v in out] != declared:
+        got = "no return" if out is None else ", ".join(str(v.type) for v in out)
+        raise imp.error(stmt, f"{stmt.op}: branch {i} returns {got}, the op declares "
+                        f"{', '.join(map(str, declared))}")
+    return out
+
+
+def _selected(imp: Importer, stmt: Stmt, scope: Scope, pred: Value, on_true: list[Value], on_false: list[Value],
+              last: bool) -> list[Value]:
+    """Each result of `on_true` where the scalar `pred` holds, else of `on_false`
+    (checked against the declared types, and named, by the `last` select)."""
+    out = []
+    for i, (a, b) in enumerate(zip(on_true, on_false)):
+        spread = imp.op("broadcast_in_dim", [pred], shape=list(a.type.shape), dims=[])
+        out.append(imp.checked(stmt, scope, "select", [spread, a, b], result=i) if last
+                   else imp.op("select", [spread, a, b]))
+    return out
 
 
 @handles("stablehlo.optimization_barrier")

@@ -93,6 +93,9 @@ class Importer:
         # Value name -> the SSA name in @main's body that it is the value of
         # (what an annotated export pins); inlined and unrolled bodies have none.
         self.origins: dict[str, str] = {}
+        # What the import changed of the program's meaning for planning (a run-time conditional computes
+        # every branch), one line each, naming the statement's line: `explain` shows them.
+        self.notes: list[str] = []
 
     def error(self, stmt: Stmt, message: str) -> StableHLOError:
         return self.reader.error(stmt.line, message)

@@ -39,6 +39,7 @@ def explain(spec: Spec) -> tuple[dict[str, Any], NDA]:
             "inputs": len(model.inputs),
             "state": len(model.state),
         },
+        "notes": list(model.notes),
         "colors": _colors(nda),
         "conflicts": len(nda.conflicts),
         "compat_sets": len(nda.compat_sets),
@@ -120,6 +121,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"analysis: {len(report['colors'])} colors, {report['conflicts']} conflicts, {report['compat_sets']} "
         f"compatibility sets, {report['resolution_classes']} resolution classes, {report['param_groups']} "
         f"parameter groups ({report['time_s']:.3f} s)",
+        *(f"note: {n}" for n in report["notes"]),
         "",
         "colors, by dimensions covered:",
         f"  {'color':>6} {'dims':>6} {'size':>8} {'conflicts':>9}  examples",

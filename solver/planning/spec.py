@@ -633,7 +633,7 @@ class Spec(_Strict):
                          for key, patterns in (("inputs", spec.inputs), ("state", spec.state)))
         params = [n for n in names if n not in inputs and n not in state]
         return Model(fn, tuple(params), tuple(n for n in names if n in inputs),
-                     tuple(n for n in names if n in state and n not in inputs), pinned)
+                     tuple(n for n in names if n in state and n not in inputs), pinned, notes=imported.notes)
 
 
 def _globbed(names: list[str], patterns: list[str], where: str) -> set[str]:
