@@ -1,7 +1,9 @@
 """Training and inference steps written with real JAX libraries (HF
 transformers' Flax GPT-2, Llama and Gemma, flax.linen CNN and MLP, GPT-2
 with dropout, an nn.scan transformer, a GPT-2 decoding step with its key/
-value cache), as jax printed them (tests/fixtures/real/, written by
+value cache, a flax mixture of experts routed by lax.top_k, an MLP under
+optax.MultiSteps, an MLP whose middle flax.linen.cond chooses at run
+time), as jax printed them (tests/fixtures/real/, written by
 tools/export_real_fixtures.py; no jax needed here): each imports, executes
 to the values jax computed, is planned by NDA + CP-SAT and by MCTS, and its
 batch-parallel plan executes on the simulated mesh like the global program
@@ -20,7 +22,7 @@ from solver.planning.spec import load_spec
 
 REAL = ROOT / "tests" / "fixtures" / "real"
 NAMES = ["gpt2_train", "gpt2_dropout_train", "llama_train", "gemma_train", "cnn_train", "mlp_train_flax",
-         "scan_train", "gpt2_decode"]
+         "scan_train", "gpt2_decode", "moe_train", "multisteps_train", "cond_train"]
 TRAINING = [n for n in NAMES if n != "gpt2_decode"]
 
 
@@ -81,7 +83,7 @@ def test_batch_parallel_plan_executes_like_the_global_program(name):
     expected = spec.expectations()["BP"].counts()
     assert {k: counts.get(k, 0) for k in expected} == expected
     params = [p for p in planned.model.params if p.startswith("params.")]
-    if name not in ("cnn_train", "scan_train", "gpt2_decode"):
+    if name not in ("cnn_train", "scan_train", "gpt2_decode", "moe_train"):
         assert counts["all_reduce"] == len(params) + 1 == len(planned.model.params) + 1
 
 
@@ -110,3 +112,28 @@ def test_mcts_plans_every_fixture(name):
     planned = plan_spec(spec, solver="mcts", prepared=prep, overrides=SearchOverrides(iterations=20, seed=0))
     assert planned.search and planned.assessment.cost.fits
     assert_executes_like_the_global_program(name, planned.model, planned.lowered)
+
+
+def test_the_moe_routes_with_top_k_and_the_run_time_cond_computes_both_branches():
+    _, moe = prepared("moe_train")
+    kinds = [op.kind for op in moe.model.function.ops]
+    # lax.top_k of the router's probabilities (the forward; its backward scatters to the positions).
+    assert kinds.count("sort") == 1 and "argsort" in kinds and moe.model.notes == ()
+    # MultiSteps' lax.cond asks whether to skip the step, which is known (never): one branch, no note.
+    assert prepared("multisteps_train")[1].model.notes == ()
+    # flax.linen.cond on the batch's flag: the forward's case and the backward's, both noted.
+    notes = prepared("cond_train")[1].model.notes
+    assert len(notes) == 2 and all("stablehlo.case with an index known only at run time" in n for n in notes)
+    inputs, outputs = npz("cond_train")
+    fn = prepared("cond_train")[1].model.function
+    deep = next(i for i, p in enumerate(fn.params) if p.name == "batch.deep")
+    shallow = run(fn, [np.bool_(False) if i == deep else x for i, x in enumerate(inputs)])
+    # The other branch runs where the flag says so: the loss moves.
+    assert not np.isclose(shallow[0], outputs[0])
+
+
+def test_explain_shows_the_notes_of_a_run_time_cond(capsys):
+    code, out, _ = shardplan(capsys, "explain", REAL / "cond_train.yaml")
+    assert code == 0 and out.count("note: line ") == 2
+    code, out, _ = shardplan(capsys, "explain", REAL / "cond_train.yaml", "--json")
+    assert code == 0 and len(json.loads(out)["notes"]) == 2

@@ -53,6 +53,9 @@ import transformers  # noqa: E402
 
 from solver.frontend.jax_bridge import path_name  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from construct_fixtures import export_constructs  # noqa: E402
+
 PINNED = {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "transformers": "4.57.6"}
 VERSIONS = {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "transformers": transformers.__version__}
@@ -68,7 +71,7 @@ def arg_names(args: dict) -> list[str]:
 # ------------------------------------------------------------------ training steps
 
 
-def train_step(loss_fn, has_state: bool = False):
+def train_step(loss_fn, has_state: bool = False, optimizer=OPTIMIZER):
     """A step over {params, opt, batch(, state)} returning loss, new params,
     new optimizer state (and new model state)."""
 
@@ -78,12 +81,13 @@ def train_step(loss_fn, has_state: bool = False):
                                                                             args["batch"])
         else:
             loss, grads = jax.value_and_grad(loss_fn)(args["params"], args["batch"])
-        updates, opt = OPTIMIZER.update(grads, args["opt"], args["params"])
+        updates, opt = optimizer.update(grads, args["opt"], args["params"])
         out = {"loss": loss, "params": optax.apply_updates(args["params"], updates), "opt": opt}
         if has_state:
             out["state"] = state
         return out
 
+    step.loss_fn = loss_fn
     return step
 
 
@@ -197,6 +201,110 @@ def mlp_train_flax():
     return train_step(loss_fn), args
 
 
+def multisteps_train():
+    """The MLP with optax.MultiSteps (gradient accumulation over 2 steps): the
+    update is applied every second step, a `lax.cond` on the step counter.
+    Exported at its second step, so the branch that applies it runs."""
+    optimizer = optax.MultiSteps(OPTIMIZER, every_k_schedule=2)
+    step, args = mlp_train_flax()
+    step = train_step(step.loss_fn, optimizer=optimizer)
+    first = jax.jit(step)({**args, "opt": optimizer.init(args["params"])})
+    return step, {**args, "params": first["params"], "opt": first["opt"]}
+
+
+class Gated(nn.Module):
+    """An MLP whose middle is chosen per step by a run-time flag with
+    `flax.linen.cond`: two Dense layers, or one."""
+
+    def setup(self):
+        self.inp, self.deep1, self.deep2, self.shallow, self.out = (nn.Dense(n) for n in (64, 64, 64, 64, 10))
+
+    def __call__(self, x, deep):
+        h = nn.relu(self.inp(x))
+        if self.is_initializing():  # both branches' parameters exist before the cond (flax requires it)
+            self.shallow(h), self.deep2(self.deep1(h))
+        h = nn.cond(deep, lambda m, h: nn.relu(m.deep2(nn.relu(m.deep1(h)))), lambda m, h: nn.relu(m.shallow(h)),
+                    self, h)
+        return self.out(h)
+
+
+def cond_train():
+    model = Gated()
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(BATCH, 32)).astype(np.float32)
+    labels = rng.integers(0, 10, BATCH).astype(np.int32)
+    params = model.init(jax.random.key(0), x, True)["params"]
+
+    def loss_fn(params, batch):
+        logits = model.apply({"params": params}, batch["x"], batch["deep"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+    args = {"params": params, "opt": OPTIMIZER.init(params),
+            "batch": {"x": x, "labels": labels, "deep": np.bool_(True)}}
+    return train_step(loss_fn), args
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP as GShard writes it: a router's top-2
+    experts per token (`lax.top_k`), each token given a slot of an
+    expert's capacity in order (tokens past it are dropped), one-hot
+    dispatch and combine tensors, the experts' MLPs as batched einsums,
+    and the router's load-balancing loss (returned beside the output)."""
+
+    experts: int = 4
+    top: int = 2
+    hidden: int = 64
+    capacity_factor: float = 1.25
+
+    @nn.compact
+    def __call__(self, x):
+        tokens, d = x.shape
+        capacity = int(self.capacity_factor * tokens * self.top / self.experts)
+        probs = jax.nn.softmax(nn.Dense(self.experts, use_bias=False, name="router")(x))
+        weights, chosen = jax.lax.top_k(probs, self.top)  # [tokens, top]
+        weights = weights / weights.sum(-1, keepdims=True)
+        mask = jax.nn.one_hot(chosen, self.experts)  # [tokens, top, experts]
+        # A token's slot in an expert: its first choices, then its second, in token order.
+        order = mask.transpose(1, 0, 2).reshape(self.top * tokens, self.experts)
+        slot = (jnp.cumsum(order, axis=0) - 1).reshape(self.top, tokens, self.experts).transpose(1, 0, 2)
+        kept = mask * (slot < capacity)
+        slots = jax.nn.one_hot(slot, capacity) * kept[..., None]  # [tokens, top, experts, capacity]
+        dispatch = slots.sum(1)
+        combine = (weights[..., None, None] * slots).sum(1)
+        w_in = self.param("w_in", nn.initializers.lecun_normal(), (self.experts, d, self.hidden))
+        w_out = self.param("w_out", nn.initializers.lecun_normal(), (self.experts, self.hidden, d))
+        inputs = jnp.einsum("tec,td->ecd", dispatch, x)
+        outputs = jnp.einsum("ech,ehd->ecd", nn.gelu(jnp.einsum("ecd,edh->ech", inputs, w_in)), w_out)
+        balance = self.experts * jnp.sum(mask[:, 0].mean(0) * probs.mean(0))
+        return jnp.einsum("tec,ecd->td", combine, outputs), balance
+
+
+class MoELM(nn.Module):
+    """Embedding, a pre-norm mixture-of-experts MLP block, tied logits."""
+
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(VOCAB, 32)
+        x = embed(ids)
+        b, s, d = x.shape
+        moe, balance = MoE(name="moe")(nn.LayerNorm()(x).reshape(b * s, d))
+        x = x + moe.reshape(b, s, d)
+        return embed.attend(nn.LayerNorm()(x)), balance
+
+
+def moe_train():
+    model = MoELM()
+    ids = tokens(6)
+    params = model.init(jax.random.key(0), ids)["params"]
+
+    def loss_fn(params, batch):
+        logits, balance = model.apply({"params": params}, batch["input_ids"])
+        return lm_loss(logits, batch["input_ids"]) + 0.01 * balance
+
+    args = {"params": params, "opt": OPTIMIZER.init(params), "batch": {"input_ids": ids}}
+    return train_step(loss_fn), args
+
+
 class Block(nn.Module):
     """A pre-norm transformer block (flax.linen attention and MLP), scan-compatible."""
 
@@ -262,11 +370,13 @@ def gpt2_decode():
 
 
 PROGRAMS = {f.__name__: f for f in (gpt2_train, gpt2_dropout_train, llama_train, gemma_train, cnn_train,
-                                    mlp_train_flax, scan_train, gpt2_decode)}
+                                    mlp_train_flax, scan_train, gpt2_decode, moe_train, multisteps_train,
+                                    cond_train)}
 
 # Spec fields per program: which batch input the BP schedule shards, and the
 # expected all_reduce count in terms of P (trainable parameter tensors).
-BP_INPUT = {"cnn_train": "batch.images", "mlp_train_flax": "batch.x"}
+BP_INPUT = {"cnn_train": "batch.images", "mlp_train_flax": "batch.x", "multisteps_train": "batch.x",
+            "cond_train": "batch.x"}
 
 SPEC = """\
 # Generated by tools/export_real_fixtures.py from {library} ({versions}).
@@ -302,6 +412,10 @@ def bp_expectation(name: str, names: list[str]) -> tuple[int, str]:
         count = len(stacked) * ScannedLM.layers + len(params) - len(stacked) + 1
         return count, (f"S L + (P - S) + 1, S = {len(stacked)} stacked of P = {len(params)}, L = "
                        f"{ScannedLM.layers}: the unrolled scan builds a stacked gradient one layer slice at a time")
+    if name == "moe_train":
+        return len(params) + 3, (f"P + 3, P = {len(params)}: one per parameter gradient, one for the loss and two for "
+                                 "the load-balancing loss's means over the tokens (of the first choices and of the "
+                                 "router's probabilities)")
     return len(params) + 1, f"P + 1, P = {len(params)}: one per parameter gradient and one for the loss"
 
 DESCRIPTIONS = {
@@ -314,6 +428,12 @@ DESCRIPTIONS = {
     "mlp_train_flax": ("flax.linen", "MLP classifier with the integer-label loss, training step"),
     "scan_train": ("flax.linen nn.scan", "3-layer transformer scanned over stacked layers, training step"),
     "gpt2_decode": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 decoding step with a key/value cache"),
+    "moe_train": ("flax.linen", "mixture-of-experts LM (4 experts, top-2 routing with lax.top_k, GShard dispatch "
+                  "with capacity, load-balancing loss), training step"),
+    "multisteps_train": ("flax.linen, optax.MultiSteps", "MLP classifier with gradient accumulation over 2 steps "
+                         "(the update a lax.cond), at the step that applies it"),
+    "cond_train": ("flax.linen nn.cond", "MLP whose middle layers a run-time flag chooses (flax.linen.cond), "
+                   "training step"),
 }
 
 
@@ -324,6 +444,10 @@ def write_spec(name: str, out: pathlib.Path, names: list[str]) -> None:
     extra = ("\n      all_slice: 5   # 1 + 2L, L = 2: the random bits of the embedding and residual dropouts come from "
              "counters (an iota, whose counting dims are opaque) made whole on every device, then sliced to the batch "
              "shard: local, no communication") if name == "gpt2_dropout_train" else ""
+    if name == "moe_train":
+        extra = ("\n      all_gather: 1   # a token's slot in an expert counts the choices of the tokens before it, "
+                 "over the whole batch (a cumulative sum along the sharded tokens): the choices are gathered whole"
+                 "\n      all_slice: 1   # ... and the slots sliced back to the batch shard")
     text = SPEC.format(library=library, versions=", ".join(f"{k} {v}" for k, v in VERSIONS.items()),
                        bp=bp, bp_formula=bp_formula, extra=extra,
                        description=description + " (exported from jax as StableHLO, 4-way batch x 2-way model)",
@@ -374,102 +498,6 @@ def export_gemma_2b(path: pathlib.Path) -> None:
         f"  state: [\"opt.*\"]\nmesh: {{batch: 8, model: 4}}\nhardware: H100-SXM\n"
         f"schedule:\n  - manual: {{axis: batch, values: {{batch.input_ids: 0}}}}\n")
     print(f"{path}: {len(text.splitlines())} lines; spec {path.with_suffix('.yaml')}")
-
-
-# Small programs, one construct each, for the importer's own tests
-# (tests/fixtures/stablehlo/NAME.mlir; their inputs are made by the tests).
-
-
-def construct_scan(ws, x):
-    """lax.scan over stacked weights: a while loop reading a slice per trip."""
-    def body(h, w):
-        return jnp.tanh(h @ w), h.sum()
-    return jax.lax.scan(body, x, ws)
-
-
-def construct_fori_loop(x):
-    """A fori_loop with a static trip count whose counter enters the math."""
-    return jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0 + i, x)
-
-
-def construct_dynamic_trip_count(x, n):
-    """A loop whose trip count is an argument: it cannot be unrolled."""
-    return jax.lax.fori_loop(0, n, lambda i, c: c * 2.0, x)
-
-
-def construct_checkpoint_grad(x):
-    """The gradient of a jax.checkpoint'ed function: an optimization_barrier."""
-    return jax.grad(lambda x: jax.checkpoint(lambda x: jnp.sin(x) * 2)(x).sum())(x)
-
-
-def construct_top_k(x):
-    """lax.top_k, as a router picks experts: chlo.top_k."""
-    return jax.lax.top_k(x, 3)
-
-
-def construct_top_k_grad(x, w):
-    """The gradient through the values top_k picks (a scatter back to their positions)."""
-    return jax.grad(lambda x: (jax.lax.top_k(x, 2)[0] * w).sum())(x)
-
-
-def construct_sort_descending(x):
-    """jnp's descending sort and argsort: an ascending sort of the reversed operand (an iota payload)."""
-    return jnp.argsort(x, axis=0, descending=True), jnp.sort(x, axis=-1, descending=True)
-
-
-def construct_sort_payload(keys, values):
-    """lax.sort of (keys, values) by the keys: the values follow their keys."""
-    return jax.lax.sort((keys, values), dimension=1, num_keys=1)
-
-
-def construct_cond(p, x):
-    """lax.cond on a run-time predicate: stablehlo.case over an index."""
-    return jax.lax.cond(p > 0, lambda x: x * 2.0, lambda x: jnp.sin(x) + 1.0, x)
-
-
-def construct_switch(i, x):
-    """lax.switch on a run-time index (clamped into range by jax)."""
-    return jax.lax.switch(i, [lambda x: x * 2.0, lambda x: x + 1.0, jnp.tanh], x)
-
-
-def construct_sort_two_keys(a, b):
-    """lax.sort on two keys (the importer refuses it: the registry's sort orders by one)."""
-    return jax.lax.sort((a, b), dimension=0, num_keys=2)
-
-
-def ties(shape, seed: int = 0):
-    """Floats from a few values, with a NaN, a -0.0 and a 0.0: ties and jax's total order."""
-    x = np.random.default_rng(seed).integers(-3, 3, shape).astype(np.float32)
-    x.flat[1], x.flat[2], x.flat[3] = np.nan, -0.0, 0.0
-    return x
-
-
-CONSTRUCTS = {
-    "scan": (construct_scan, (jnp.ones((3, 4, 4)), jnp.ones((2, 4)))),
-    "fori_loop": (construct_fori_loop, (jnp.ones((2,)),)),
-    "dynamic_trip_count": (construct_dynamic_trip_count, (jnp.ones((2,)), 3)),
-    "checkpoint_grad": (construct_checkpoint_grad, (jnp.ones((2,)),)),
-    "top_k": (construct_top_k, (ties((4, 8)),)),
-    "top_k_grad": (construct_top_k_grad, (np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32),
-                                          np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32))),
-    "sort_descending": (construct_sort_descending, (ties((5, 6), 3),)),
-    "sort_payload": (construct_sort_payload, (ties((3, 7), 4), np.arange(21, dtype=np.float32).reshape(3, 7))),
-    "sort_two_keys": (construct_sort_two_keys, (ties((6,), 5), ties((6,), 6))),
-    "cond": (construct_cond, (np.float32(-1.0), np.linspace(-1, 1, 6, dtype=np.float32))),
-    "switch": (construct_switch, (np.int32(5), np.linspace(-1, 1, 6, dtype=np.float32))),
-}
-
-
-def export_constructs(out: pathlib.Path) -> None:
-    """Each construct's text and, for those that compute something to compare, jax's inputs and outputs."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, (fn, args) in CONSTRUCTS.items():
-        (out / f"{name}.mlir").write_text(jax.jit(fn).lower(*args).as_text())
-        if name not in ("scan", "fori_loop", "dynamic_trip_count", "checkpoint_grad", "sort_two_keys"):  # (no values)
-            outs = jax.tree.leaves(jax.jit(fn)(*args))
-            np.savez_compressed(out / f"{name}.npz", **{f"in.{i}": np.asarray(a) for i, a in enumerate(args)},
-                                **{f"out.{i}": np.asarray(a) for i, a in enumerate(outs)})
-        print(f"{out / name}.mlir")
 
 
 def main() -> None:

@@ -51,7 +51,8 @@ from solver.search.report import NoPlanFits  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",
-            "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode"]
+            "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode", "real/moe_train",
+            "real/multisteps_train", "real/cond_train"]
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 DOC = ROOT / "docs" / "xla_comparison.md"
 MEMORY_FRACTIONS = (0.75, 0.9)  # of the replicated peak, for the CP-SAT plans (see tight_spec)
@@ -61,18 +62,35 @@ BEGIN, END = "<!-- xla-comparison:begin -->", "<!-- xla-comparison:end -->"
 TIED = ("the tied embedding's gradient sums the lookup's scatter and the output projection's dot, each partial over "
         "batch: shardplan adds the partial terms and all-reduces once, XLA all-reduces each term (+1 tensor, +8,192 "
         "bytes: the 64 x 32 f32 table)")
-QKV = ("the cotangent of each attention block's input sums the q, k and v projections' cotangents, each partial over "
-       "model: shardplan adds them and all-reduces once, XLA all-reduces each at its dot (+2 per layer, 3 layers). "
-       "Pinning the terms and their sum `unreduced={\"model\"}` (Shardy's unreduced axes) did not change it in jax "
-       "0.10.2")
 CNN = "CP-SAT, 75% memory"
+GLU = ("under Megatron-style sharding (heads and the MLP's hidden over model) the cotangent of each block's input "
+       "sums its projections' cotangents, each partial over model: shardplan adds them and all-reduces once per "
+       "block, XLA all-reduces each term at its dot")
 NOTES: dict[tuple[str, str, str], str] = {
     ("gpt2_train", "BP", "all_reduce"): TIED,
     ("gpt2_dropout_train", "BP", "all_reduce"): TIED,
     ("gemma_train", "BP", "all_reduce"): TIED,
     ("scan_train", "BP", "all_reduce"): TIED + "; the 36 per-layer gradient tensors are all-reduced inside the "
     "backward while loop, which XLA keeps (3 trips of 12)",
-    ("scan_train", "CP-SAT, 75% memory", "all_reduce"): QKV,
+    ("scan_train", "CP-SAT, 75% memory", "all_reduce"): "XLA keeps the scanned layers as a while loop, whose body's "
+    "values the annotations cannot reach (only @main's are constrained): inside it XLA's propagation splits the "
+    "attention heads over model too, where the plan splits only the MLP's hidden (and the attention weights' "
+    "update), so each of the 3 trips all-reduces the attention's output and its q, k and v cotangents besides the "
+    "MLP's two: 6 per trip where the plan has 2 per layer",
+    ("llama_train", CNN, "all_reduce"): GLU + ": q, k and v (+2 per layer) and SwiGLU's gate and up (+1 per "
+    "layer), 2 layers: +6 tensors of 16,384 bytes",
+    ("gemma_train", CNN, "all_reduce"): "the plan shards the tied embedding over its vocabulary: XLA looks each "
+    "token's row up where it lies and all-reduces the rows (+1 tensor, 16,384 bytes), where shardplan gathers the "
+    "table (4,096 bytes, the all_gather row), and picks each label's logit where it lies and all-reduces it (+1, 480 "
+    "bytes), where shardplan gathers the logits (15,360 bytes); and " + GLU + " (GeGLU's gate and up, +1 per "
+    "layer, 2 layers). In all 132,512 bytes against the 102,336 planned, gathers included",
+    ("gemma_train", CNN, "all_gather"): "none: XLA replaces both planned gathers (the vocabulary-sharded table before "
+    "the lookup, the logits before the labels' pick) by local lookups and all-reduces (the all_reduce row)",
+    ("moe_train", "BP", "all_reduce"): TIED,
+    ("moe_train", "BP", "all_gather"): "XLA gathers the router's probabilities whole (a 128 x 4 f32 result, +512 "
+    "bytes) and runs its TopK on every device: its SPMD partitioner does not split a TopK along the tokens, which "
+    "the plan keeps local (sort's other dimensions are parallel). The other gather is the planned one: the choices, "
+    "for the capacity's cumulative sum over the whole batch",
     ("cnn_train", CNN, "reduce_scatter"): "the second convolution's partial output (model-sharded input channels) "
     "is reduce-scattered onto its output channels by shardplan; XLA's CPU pipeline all-reduces it and slices "
     "(the same 32,768 operand bytes; GPU and TPU pipelines form the reduce-scatter)",

@@ -130,6 +130,10 @@ class Importer:
             raise self.error(stmt, f"unsupported op {stmt.op}; supported: {', '.join(sorted(HANDLERS))}")
         try:
             return handler(self, stmt, scope)
+        except StableHLOError:
+            raise
+        except IRError as err:  # an op a handler builds on the way (not `checked`) refuses the text's types
+            raise self.error(stmt, f"{stmt.op}: {err}") from err
         except (ValueError, IndexError, KeyError) as err:  # malformed numbers or lists in the text
             raise self.error(stmt, f"{stmt.op}: cannot read {stmt.rest[:120]!r}: {err}") from None
 

@@ -110,7 +110,10 @@ def _canonical(imp: Importer, defs: dict[str, Stmt], args: list[str], name: str)
         if test is None or test.op != "stablehlo.compare" or constant is None or constant.op != "stablehlo.constant":
             return None
         value = _scalar(imp, constant)
-        direction, lhs, rhs = re.match(r"(\w+)\s*,\s*(" + VALUE + r")\s*,\s*(" + VALUE + ")", test.rest).groups()
+        operands = re.match(r"(\w+)\s*,\s*(" + VALUE + r")\s*,\s*(" + VALUE + ")", test.rest)
+        if operands is None:
+            return None
+        direction, lhs, rhs = operands.groups()
         zero = direction == "EQ" and value == 0 and lhs == rest and _scalar(imp, defs.get(rhs)) == 0
         nan = direction == "NE" and value is not None and np.isnan(value) and lhs == rhs and _origin(defs, lhs, rest)
         if not (zero or nan):

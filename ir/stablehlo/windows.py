@@ -25,9 +25,8 @@ whose init is zero is our select_and_scatter_add; another init is added.
 
 from __future__ import annotations
 
+import math
 import re
-
-import numpy as np
 
 from ir.core import Value
 from ir.stablehlo.basic import COMBINERS, is_identity
@@ -35,10 +34,14 @@ from ir.stablehlo.importer import Importer, Scope, handles, region_combiner
 from ir.stablehlo.reader import Stmt
 
 FLIPPED = {"ge": "le", "gt": "lt", "le": "ge", "lt": "gt"}
+# Numbers of a window attribute: a (low, high) pair or one number per dimension of the operand, whose type the
+# text declares; a splat claiming more (a mutated `tensor<2147483648x2xi64>`) is refused, never spelled out.
+MOST_NUMBERS = 2 * 1024
 
 
-def _list(text: str, key: str) -> str | None:
-    """The text of `key = [...]` (nested brackets allowed), `key = array<...: ...>` or `key = dense<...>`."""
+def _list(text: str, key: str, most: int) -> str | None:
+    """The text of `key = [...]` (nested brackets allowed), `key = array<...: ...>` or `key = dense<...>`;
+    a splat `dense<0> : tensor<AxBxi64>` of more than `most` numbers is a ValueError, never spelled out."""
     m = re.search(rf"\b{key}\s*=\s*", text)
     if m is None:
         return None
@@ -55,16 +58,22 @@ def _list(text: str, key: str) -> str | None:
     if shaped.group(2) is not None:  # dense<0> : tensor<4x2xi64>: a splat spells every element
         dims = [int(d) for d in (shaped.group(3) or "").split("x") if d]
         values = re.findall(r"-?\d+", shaped.group(2))
+        count = math.prod(dims)
+        if len(values) == 1 and dims and count > most:
+            raise ValueError(f"{key} spells {count:,} numbers as dense<...> : tensor<{shaped.group(3)}xi64>; "
+                             f"an op of this rank takes at most {most}")
         if len(values) == 1 and dims:
-            values = values * int(np.prod(dims))
+            values = values * count
         return "[" + ", ".join(values) + "]"
     return "[" + (shaped.group(1) or "") + "]"
 
 
-def read_ints(imp: Importer, stmt: Stmt, text: str, *keys: str, default: list | None = None) -> list[int]:
-    """The ints of the first of `keys` present (true/false read as 1/0)."""
+def read_ints(imp: Importer, stmt: Stmt, text: str, *keys: str, default: list | None = None,
+              most: int = MOST_NUMBERS) -> list[int]:
+    """The ints of the first of `keys` present (true/false read as 1/0); a
+    splat of more than `most` numbers is refused (`_list`)."""
     for key in keys:
-        found = _list(text, key)
+        found = _list(text, key, most)
         if found is not None:
             words = re.findall(r"-?\d+|true|false", found)
             return [1 if w == "true" else 0 if w == "false" else int(w) for w in words]
@@ -74,7 +83,7 @@ def read_ints(imp: Importer, stmt: Stmt, text: str, *keys: str, default: list | 
 
 
 def read_pairs(imp: Importer, stmt: Stmt, text: str, rank: int, *keys: str) -> list[list[int]]:
-    flat = read_ints(imp, stmt, text, *keys, default=[0] * (2 * rank))
+    flat = read_ints(imp, stmt, text, *keys, default=[0] * (2 * rank), most=2 * rank)
     if len(flat) != 2 * rank:
         raise imp.error(stmt, f"{stmt.op}: {keys[0]} needs {rank} (low, high) pairs, found {len(flat)} numbers")
     return [flat[i:i + 2] for i in range(0, len(flat), 2)]
