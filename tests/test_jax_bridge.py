@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT
 
 pytest.importorskip("jax")
@@ -58,4 +59,90 @@ def test_plan_jax_runs_the_plan_under_xla(tmp_path):
     assert report["xla"]["all_reduce"]["tensors"] == 3 and set(report["xla"]) == {"all_reduce"}
     assert "collectives all_reduce 3" in report["summary"]
     spec = (tmp_path / "step.yaml").read_text()
-    assert "param_names: [\"0.w1\", \"0.w2\", \"1.x\", \"1.y\"]" in spec and (tmp_path / "step.annotated.mlir").exists()
+    assert yaml.safe_load(spec)["model"]["param_names"] == ["0.w1", "0.w2", "1.x", "1.y"]
+    assert (tmp_path / "step.annotated.mlir").exists()
+
+
+FORMS = r'''
+import json, sys
+import numpy as np, jax, jax.numpy as jnp
+from solver.frontend.jax_bridge import auto_mesh, batch_inputs, plan_jax
+
+def loss(params, batch):
+    h = jax.nn.relu(batch["x"] @ params["w1"])
+    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+def step(params, batch):
+    value, grads = jax.value_and_grad(loss)(params, batch)
+    return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+def step_of_one(args):  # one dict argument holding a `batch`
+    return step(args["params"], args["batch"])
+
+rng = np.random.default_rng(0)
+params = {"w1": jnp.asarray(rng.normal(size=(16, 64)), jnp.float32),
+          "w2": jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)}
+batch = {"x": jnp.asarray(rng.normal(size=(32, 16)), jnp.float32),
+         "y": jnp.asarray(rng.normal(size=(32, 8)), jnp.float32)}
+mesh = auto_mesh((4, 2), ("batch", "model"))
+forms = {
+    "readme": lambda w: plan_jax(step, (params, batch), mesh=mesh, hardware="A100-80GB", solver="cpsat",
+                                 inputs=["1.*"], time_limit_s=10, workdir=w),
+    "defaults": lambda w: plan_jax(step, (params, batch), mesh=mesh, time_limit_s=10, workdir=w),
+    "hardware": lambda w: plan_jax(step, (params, batch), mesh=mesh, solver="mcts", seed=1, time_limit_s=10,
+                                   hardware={"preset": "A100-80GB", "links": {"model": "nvlink"}}, memory="64MiB",
+                                   workdir=w),
+    "tactics": lambda w: plan_jax(step, (params, batch), mesh=mesh, solver="none", workdir=w,
+                                  tactics=[{"manual": {"axis": "model", "values": {"0.w1": 1}}}]),
+    "named": lambda w: plan_jax(step_of_one, ({"params": params, "batch": batch},), mesh=mesh, solver="none",
+                                workdir=w),
+}
+out = {}
+for name, form in forms.items():
+    args = ({"params": params, "batch": batch},) if name == "named" else (params, batch)
+    plan = form(f"{sys.argv[1]}/{name}")
+    got, want = plan.function(*args), jax.jit(step_of_one if name == "named" else step)(*args)
+    out[name] = {"diff": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got),
+                                                                             jax.tree.leaves(want))),
+                 "in": [str(s.spec) for s in jax.tree.leaves(plan.in_shardings)],
+                 "spec": open(f"{sys.argv[1]}/{name}/step.yaml").read()}
+try:
+    batch_inputs(({"w": jnp.ones((32, 8))}, batch))
+except ValueError as err:
+    out["ambiguous"] = str(err)
+print(json.dumps(out))
+'''
+
+
+def test_every_documented_form_of_plan_jax_runs_its_plan(tmp_path):
+    """The README's call, the defaults (the batch found by its leading
+    dimension), a hardware mapping with a memory override and the MCTS, a
+    schedule's tactics, and a batch named `batch` inside one argument."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", FORMS, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("readme", "defaults", "hardware", "tactics", "named"):
+        assert report[name]["diff"] < 1e-5, name
+    assert 'inputs:\n  - 1.*' in report["defaults"]["spec"] and "preset: H100-SXM" not in report["defaults"]["spec"]
+    assert "hardware: H100-SXM" in report["defaults"]["spec"]
+    assert "memory: 64MiB" in report["hardware"]["spec"] and "nvlink" in report["hardware"]["spec"]
+    assert report["tactics"]["in"][0] == "P(None, 'model')"  # w1's columns, as the tactic says
+    assert "- 0.batch.*" in report["named"]["spec"] and report["named"]["in"][:2] == ["P('batch', None)"] * 2
+    assert "cannot tell which argument is the batch" in report["ambiguous"]
+    assert "arguments 0, 1 all" in report["ambiguous"] and "inputs=" in report["ambiguous"]
+
+
+def test_the_flax_example_trains_with_the_plan():
+    """examples/plan_jax_flax.py (needs flax and optax: tools/dev_env.sh)."""
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "plan_jax_flax.py")], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert "collectives all_reduce" in lines[0] and "fits" in done.stdout  # 1 MiB per device: the plan shards
+    assert lines[-1].startswith("max |loss difference| over 5 steps:") and float(lines[-1].split()[-1]) < 1e-5

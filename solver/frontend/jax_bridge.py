@@ -2,9 +2,9 @@
 with exactly the shardings shardplan chose. The one module that imports
 jax (an optional extra: `pip install shardplan[jax]`).
 
-    mesh = jax.make_mesh((4, 2), ("batch", "model"))
+    mesh = auto_mesh((4, 2), ("batch", "model"))
     plan = plan_jax(train_step, (params, opt_state, batch), mesh=mesh, hardware="H100-SXM",
-                    inputs=["2.*"], state=["1.*"])
+                    state=["1.*"])                   # the batch (argument 2) is found by its leading dim
     print(plan.summary())
     new_params, new_opt_state, loss = plan.function(params, opt_state, batch)
 
@@ -25,17 +25,18 @@ import dataclasses
 import pathlib
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import yaml
 from jax._src.lib.mlir import ir as mlir_ir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from solver.frontend.annotate import annotate_planned
-from solver.planning.planner import Planned, plan_spec
+from solver.planning.planner import Planned, SearchOverrides, plan_spec
 from solver.planning.spec import load_spec
 from solver.search import SEARCH_TIME_LIMIT_S
 
@@ -184,24 +185,39 @@ def path_name(path: Any) -> str:
     return re.sub(r"[^\w.\-]", "_", ".".join(parts)) or "arg"
 
 
-def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.Mesh, hardware: str = "H100-SXM",
-             solver: str = "cpsat", inputs: Sequence[str] = (), state: Sequence[str] = (),
-             time_limit_s: float = SEARCH_TIME_LIMIT_S, workdir: str | pathlib.Path | None = None) -> JaxPlan:
+def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.Mesh,
+             hardware: str | Mapping[str, Any] = "H100-SXM", memory: str | int | None = None,
+             solver: str = "cpsat", inputs: Sequence[str] | None = None, state: Sequence[str] = (),
+             tactics: Sequence[Mapping[str, Any]] | None = None, time_limit_s: float = SEARCH_TIME_LIMIT_S,
+             seed: int = 0, workdir: str | pathlib.Path | None = None) -> JaxPlan:
     """Plan `fn(*args)` on `mesh` and compile it with the plan (see the
-    module docstring). `inputs` and `state` are globs over the argument
-    names that mark batch inputs and optimizer or model state; the rest are
-    trainable parameters. `solver`: cpsat, mcts, or none (the spec's own
-    schedule: batch parallelism over the first axis on the inputs)."""
+    module docstring).
+
+    - `hardware`: a preset name, or the spec's `hardware:` mapping (links
+      per axis, inline figures, achievable fractions); `memory` overrides
+      the device memory (`"40GiB"`, or bytes).
+    - `inputs` and `state`: globs over the argument names (pytree paths,
+      `2.tokens`) that mark the batch inputs and the optimizer or model
+      state; the rest are trainable parameters. `inputs` defaults to the
+      batch found in `args` (`batch_inputs`).
+    - `tactics`: the schedule, as a spec writes it (`[{"manual": {...}},
+      {"remat": {...}}]`); by default batch parallelism over the mesh's
+      first axis on the inputs. `solver` `cpsat` or `mcts` searches from
+      it (it is the floor the search must beat), `none` runs it as is.
+    - `time_limit_s` and `seed`: the search's budget and seed.
+    """
     args = tuple(args)
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [path_name(path) for path, _ in leaves]
+    if inputs is None:
+        inputs = batch_inputs(args)
     text = jax.jit(fn, keep_unused=True).lower(*args).as_text()
     folder = pathlib.Path(workdir) if workdir is not None else pathlib.Path(tempfile.mkdtemp(prefix="shardplan-"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "step.mlir").write_text(text)
-    (folder / "step.yaml").write_text(_spec_text(names, mesh, hardware, inputs, state, time_limit_s))
+    (folder / "step.yaml").write_text(spec_text(names, mesh, hardware, memory, inputs, state, tactics))
     spec = load_spec(folder / "step.yaml")
-    planned = plan_spec(spec, solver=solver)
+    planned = plan_spec(spec, solver=solver, overrides=SearchOverrides(time_limit_s=time_limit_s, seed=seed))
     annotated = annotate_planned(planned)
     (folder / "step.annotated.mlir").write_text(annotated)
     out_shapes = jax.eval_shape(fn, *args)
@@ -214,17 +230,56 @@ def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.
     return JaxPlan(planned, annotated, mesh, in_shardings, out_shardings, compiled, folder)
 
 
-def _spec_text(names: list[str], mesh: jax.sharding.Mesh, hardware: str, inputs: Sequence[str],
-               state: Sequence[str], time_limit_s: float) -> str:
-    def strings(items: Sequence[str]) -> str:
-        return "[" + ", ".join(f'"{s}"' for s in items) + "]"
+def batch_inputs(args: Sequence[Any]) -> list[str]:
+    """The globs of the batch inputs among `args` (by their pytree paths):
+    whatever sits under a key or attribute named `batch`; else the one
+    top-level argument whose arrays all share their leading dimension
+    (parameters and optimizer state rarely do). None or several such is a
+    ValueError that names them and asks for `inputs=`."""
+    leaves = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    named = []
+    for path, _ in leaves:
+        parts = path_name(path).split(".")
+        if "batch" in parts[1:]:
+            glob = ".".join(parts[:parts.index("batch", 1) + 1])
+            named.append(glob if glob == path_name(path) else glob + ".*")
+    if named:
+        return list(dict.fromkeys(named))
+    leading: dict[int, set[int | None]] = {}
+    for path, leaf in leaves:
+        shape = getattr(leaf, "shape", ())
+        leading.setdefault(int(path_name(path[:1])), set()).add(shape[0] if shape else None)
+    batches = [i for i, sizes in sorted(leading.items()) if len(sizes) == 1 and None not in sizes]
+    if len(batches) != 1:
+        shown = "; ".join(f"argument {i}: leading dimensions {sorted(map(str, sizes))}"
+                          for i, sizes in sorted(leading.items()))
+        found = ("none of them" if not batches else
+                 "arguments " + ", ".join(map(str, batches)) + " all")
+        raise ValueError(f"plan_jax: cannot tell which argument is the batch ({shown}): {found} "
+                         "have one leading dimension shared by all their arrays; pass inputs=[...] (globs over "
+                         "the argument names, e.g. inputs=['2.*']), or name the batch `batch`")
+    (i,) = batches
+    is_leaf = all(len(path) == 1 for path, _ in leaves if int(path_name(path[:1])) == i)
+    return [str(i)] if is_leaf else [f"{i}.*"]
 
-    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    first = mesh.axis_names[0]
-    schedule = (f"  - manual: {{axis: {first}, values: {{\"{inputs[0]}\": 0}}}}\n" if inputs else
-                f"  - auto: {{axes: [{', '.join(axes)}], time_limit_s: {time_limit_s}}}\n")
-    return (f"# Written by shardplan's plan_jax.\ndescription: a jax function planned by plan_jax\n"
-            f"model:\n  stablehlo: step.mlir\n  param_names: {strings(names)}\n"
-            f"  inputs: {strings(inputs)}\n  state: {strings(state)}\n"
-            f"mesh: {{{', '.join(f'{k}: {v}' for k, v in axes.items())}}}\nhardware: {hardware}\n"
-            f"schedule:\n{schedule}")
+
+def spec_text(names: list[str], mesh: jax.sharding.Mesh, hardware: str | Mapping[str, Any],
+              memory: str | int | None, inputs: Sequence[str], state: Sequence[str],
+              tactics: Sequence[Mapping[str, Any]] | None) -> str:
+    """The spec `plan_jax` writes beside the module (`shardplan plan` runs it again)."""
+    axes = dict(zip(mesh.axis_names, (int(n) for n in mesh.devices.shape)))
+    if memory is not None:
+        memory = f"{memory}B" if isinstance(memory, int) else memory
+        hardware = {"preset": hardware, "memory": memory} if isinstance(hardware, str) else {**hardware,
+                                                                                          "memory": memory}
+    if tactics is None:
+        tactics = [{"manual": {"axis": mesh.axis_names[0], "values": {inputs[0]: 0}}}] if inputs else []
+    data: dict[str, Any] = {
+        "description": "a jax function planned by plan_jax",
+        "model": {"stablehlo": "step.mlir", "param_names": list(names), "inputs": list(inputs),
+                  "state": list(state)},
+        "mesh": axes,
+        "hardware": hardware if isinstance(hardware, str) else dict(hardware),
+        "schedule": [dict(t) for t in tactics],
+    }
+    return "# Written by shardplan's plan_jax.\n" + yaml.safe_dump(data, sort_keys=False)

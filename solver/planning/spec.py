@@ -72,7 +72,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.hardware import PRESET_NAMES, Device, Fraction, Hardware, Link, preset_hardware
+from costmodel.hardware import PRESET_NAMES, ByteSize, Device, Fraction, Hardware, Link, preset_hardware
 from costmodel.hardware import PRESETS as HARDWARE_PRESETS
 from ir.autodiff import SGD, Adam, training_step
 from ir.core import IRError, Mesh
@@ -307,6 +307,7 @@ class HardwareSpec(_Strict):
     device: Device | None = None
     links: dict[str, Annotated[Link, BeforeValidator(_link_choice)]] = Field(default_factory=dict)
     achievable: AchievableSpec | None = None
+    memory: ByteSize | None = None  # a preset's device memory overridden (a smaller share, another SKU)
 
     @field_validator("preset")
     @classmethod
@@ -322,6 +323,8 @@ class HardwareSpec(_Strict):
         if self.preset is None and self.device is None:
             raise ValueError(f"missing preset or device: a preset ({', '.join(PRESET_NAMES)}) or an inline "
                              "device {name, peak_flops, memory, memory_bandwidth}")
+        if self.memory is not None and self.device is not None:
+            raise ValueError("memory overrides a preset's; an inline device gives its own device.memory")
         return self
 
     @property
@@ -334,7 +337,8 @@ class HardwareSpec(_Strict):
         the spec validated)."""
         if self.preset is not None:
             base = preset_hardware(self.preset, axes)
-            hardware = Hardware(name=self.preset, device=base.device, links={**base.links, **self.links})
+            device = base.device if self.memory is None else base.device.model_copy(update={"memory": self.memory})
+            hardware = Hardware(name=self.preset, device=device, links={**base.links, **self.links})
         else:
             hardware = Hardware(name=self.device.name, device=self.device, links={a: self.links[a] for a in axes})
         return self.achievable.apply(hardware) if self.achievable else hardware
