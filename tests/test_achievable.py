@@ -65,3 +65,16 @@ def test_a_spec_overrides_each_fraction():
 def test_bad_fractions_are_named(achievable, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(SPEC.replace("ACHIEVABLE", achievable))
+
+
+def test_a_spec_overrides_a_presets_memory():
+    text = SPEC.replace("  achievable: ACHIEVABLE\n", "  memory: 3MiB\n")
+    hw = parse_spec(text).hardware_obj()
+    assert hw.device.memory == 3 * 2**20 and hw.device.matmul_fraction == PRESETS["A100-80GB"].device.matmul_fraction
+    assert hw.links["batch"].kind == "infiniband"
+    with pytest.raises(SpecError, match=r"hardware: memory overrides a preset's; an inline device gives its own"):
+        parse_spec(text.replace("preset: A100-80GB", "device: {name: x, peak_flops: {f32: 1TFLOP/s}, memory: 1GiB, "
+                                "memory_bandwidth: 1TB/s}").replace("{batch: infiniband}", "{batch: {bandwidth: "
+                                "1GB/s, latency: 1us}, model: {bandwidth: 1GB/s, latency: 1us}}"))
+    with pytest.raises(SpecError, match="hardware.memory: missing unit"):
+        parse_spec(text.replace("3MiB", "3"))
