@@ -233,6 +233,11 @@ for _case in unary_cases() + binary_cases() + [
     Case("reduce", "sum_0_2", (t(6, 10, 7),), {"dims": [0, 2], "combiner": "sum"}, f64(lambda x: x.sum(axis=(0, 2)))),
     Case("reduce", "max_1_2", (t(6, 10, 7),), {"dims": [1, 2], "combiner": "max"}, lambda x: x.max(axis=(1, 2))),
     Case("reduce", "min_2_0", (t(6, 10, 7),), {"dims": [2, 0], "combiner": "min"}, lambda x: x.min(axis=(2, 0))),
+    # Running sums by a loop over positions (not np.cumsum): forward from the start, reverse from the end.
+    Case("cumsum", "forward_1", (t(6, 10, 4),), {"dim": 1},
+         f64(lambda x: np.stack([x[:, :i + 1].sum(axis=1) for i in range(x.shape[1])], axis=1))),
+    Case("cumsum", "reverse_0_i32", (t(6, 4, dtype="i32"),), {"dim": 0, "direction": "reverse"},
+         lambda x: np.stack([x[i:].sum(axis=0) for i in range(x.shape[0])]).astype(I32)),
     Case("reduce", "sum_i32", (t(6, 5, dtype="i32"),), {"dims": [1]}, lambda x: x.sum(axis=1).astype(I32)),
     Case("reduce", "sum_all", (t(6, 5),), {"dims": [0, 1]}, f64(lambda x: x.sum())),
     # broadcast_in_dim
@@ -474,6 +479,8 @@ def test_factor_sizes_multiply_to_dim_sizes(case: Case):
 # must have none. Straight from the layout docstring.
 OPAQUE_DIMS: dict[str, tuple[list[set[int]], list[set[int]]]] = {
     "broadcast_in_dim-stretch": ([{0}], [set()]),  # the size-1 operand dim
+    "cumsum-forward_1": ([{1}], [{1}]),  # the summed dim
+    "cumsum-reverse_0_i32": ([{0}], [{0}]),
     "reshape-opaque": ([{0, 1}], [{0, 1}]),  # [4,6]->[3,8]: no common refinement
     "reshape-unit_dims": ([{0}], [{1}]),  # size-1 dims carry unit factors
     "reshape-unit_in_group": ([{1}], [set()]),

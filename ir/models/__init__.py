@@ -7,6 +7,7 @@ batch inputs).
   simplified_attention  attention with a mock softmax (TOAST)      ir.models.attention
   attention             single- or multi-head softmax attention    ir.models.attention
   transformer           decoder-only transformer, cross-entropy    ir.models.transformer
+  moe_transformer       the same with mixture-of-experts MLPs      ir.models.moe
   unet                  convolutional U-Net denoiser, MSE loss     ir.models.unet
   transformer_decode    one KV-cached decode step: logits, no loss ir.models.decode
   gns                   graph network simulator, MSE loss (PartIR) ir.models.gns
@@ -26,6 +27,7 @@ from ir.models.base import Model
 from ir.models.decode import transformer_decode
 from ir.models.gns import gns
 from ir.models.mlp import deep_mlp, mlp
+from ir.models.moe import moe_transformer
 from ir.models.presets import PRESETS
 from ir.models.transformer import transformer
 from ir.models.unet import unet
@@ -36,6 +38,7 @@ BUILDERS: dict[str, Callable[..., Model]] = {
     "simplified_attention": simplified_attention,
     "attention": attention,
     "transformer": transformer,
+    "moe_transformer": moe_transformer,
     "transformer_decode": transformer_decode,
     "gns": gns,
     "unet": unet,

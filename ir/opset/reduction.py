@@ -1,4 +1,5 @@
-"""reduce: combine a tensor over some dimensions with sum, max or min.
+"""reduce: combine a tensor over some dimensions with sum, max or min;
+cumsum: running sums along one dimension.
 
 Factor rule: reduced dimensions are reduction factors carrying the
 combiner; the others are parallel. `reduce(x) {dims=[1], combiner="sum"}` on
@@ -17,6 +18,7 @@ from ir.opdef import (
     OpDef,
     Types,
     attr_choice,
+    attr_int,
     attr_ints,
     check_dim,
     io_bytes,
@@ -95,4 +97,50 @@ register(OpDef(
     (AttrSpec("dims", attr_ints), AttrSpec("combiner", attr_choice(*COMBINERS), "sum")),
     _infer, _factors, _cost, impl=_impl, vjp=_vjp,
     doc="combine over `dims` with `combiner` (sum, max, min; and, or for bool and integers)",
+))
+
+
+# ---------------------------------------------------------------- cumsum
+# Running sums along one dimension (a router's slot of each token in its
+# expert's capacity): the summed dimension is opaque (a sharded prefix sum
+# would need each device's offset from the devices before it), the others
+# parallel. One add per element; the transpose of a forward sum is the
+# reverse sum of the cotangent.
+
+DIRECTIONS = ("forward", "reverse")
+
+
+def _cumsum_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    (x,) = types
+    check_dim("cumsum", attrs["dim"], x.rank)
+    require(x.dtype != "bool", f"cumsum: cannot sum a bool tensor {x}")
+    return (x,)
+
+
+def _cumsum_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    (x,) = operand_types
+    names = ["s" if d == attrs["dim"] else f"d{d}" for d in range(x.rank)]
+    return FactorRule.build(operand_types, result_types, [names], [names], opaque=["s"])
+
+
+def _cumsum_impl(args, attrs: Attrs):
+    (x,) = args
+    dim = attrs["dim"]
+    if attrs["direction"] == "forward":
+        return (np.cumsum(x, axis=dim, dtype=x.dtype),)
+    return (np.flip(np.cumsum(np.flip(x, axis=dim), axis=dim, dtype=x.dtype), axis=dim),)
+
+
+def _cumsum_vjp(b, op, g, wanted):
+    other = "reverse" if op.attrs["direction"] == "forward" else "forward"
+    return (b.op("cumsum", [g], dim=op.attrs["dim"], direction=other),)
+
+
+register(OpDef(
+    "cumsum", "reduction", 1, (AttrSpec("dim", attr_int), AttrSpec("direction", attr_choice(*DIRECTIONS), "forward")),
+    _cumsum_infer, _cumsum_factors,
+    lambda operand_types, result_types, attrs: OpCost(operand_types[0].num_elements,
+                                                      io_bytes(operand_types, result_types)),
+    impl=_cumsum_impl, vjp=_cumsum_vjp,
+    doc="running sums along `dim`, from its start (forward) or from its end (reverse)",
 ))

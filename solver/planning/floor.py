@@ -102,7 +102,8 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
         try:
             prepared = prepare(remat)
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`
-            plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name))
+            plan = apply_schedule(search_nda(spec, prepared.model, prepared.nda), mesh, pins + spec.tactics(name),
+                                  origins=prepared.model.origins)
             if spec.pipelined:
                 if pipeline is not None:
                     step, peak, fits = pipeline(remat, plan, options)

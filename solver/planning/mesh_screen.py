@@ -134,7 +134,7 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
             program = _program(spec, name, built, prepare)
             pins = [Pin(program.model.pinned)] if program.model.pinned else []
             plan = apply_schedule(search_nda(spec, program.model, program.nda), spec.sharding_mesh(),
-                                  pins + spec.tactics(name))
+                                  pins + spec.tactics(name), origins=program.model.origins)
         except (IRError, SpecError) as exc:
             plans.append((f"schedule {name}", remat, None, str(exc)))
             continue

@@ -372,8 +372,8 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
-        search.hint = apply_schedule(planning, mesh, hint_tactics)
-    plan = apply_schedule(planning, mesh, tactics, search)
+        search.hint = apply_schedule(planning, mesh, hint_tactics, origins=model.origins)
+    plan = apply_schedule(planning, mesh, tactics, search, origins=model.origins)
     sharding = plan.materialize(planning)
     seconds["plan"] = time.perf_counter() - t0
     t0 = time.perf_counter()

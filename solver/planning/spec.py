@@ -175,10 +175,12 @@ class ManualSpec(_Strict):
 
 
 class ReplicateSpec(_Strict):
-    """`replicate:` keep values (names or globs) unsharded along one axis."""
+    """`replicate:` keep values unsharded along one axis: a list of
+    parameters or results (names or globs, every dimension), or a mapping
+    of any named values (names or globs) to the one dimension to keep whole."""
 
     axis: str
-    values: list[str] = Field(min_length=1)
+    values: list[str] | dict[str, Annotated[int, Field(strict=True, ge=0)]] = Field(min_length=1)
 
 
 class AutoSpec(_Strict):
@@ -227,7 +229,10 @@ class TacticSpec(_Strict):
         if self.manual is not None:
             return Manual(self.manual.axis, tuple(self.manual.values.items()))
         if self.replicate is not None:
-            return Replicate(self.replicate.axis, tuple(self.replicate.values))
+            values = self.replicate.values
+            if isinstance(values, dict):
+                return Replicate(self.replicate.axis, (), tuple(values.items()))
+            return Replicate(self.replicate.axis, tuple(values))
         if self.resolve is not None:
             return Resolve(tuple(sorted(self.resolve.items())))
         if self.remat is not None:

@@ -57,7 +57,8 @@ class Manual:
 @dataclass(frozen=True, slots=True)
 class Replicate:
     axis: str
-    values: tuple[str, ...]
+    values: tuple[str, ...]  # parameters or results (names or globs), every dimension
+    dims: tuple[tuple[str, int], ...] = ()  # any named value of the program (name or glob), one dimension
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +97,12 @@ Tactic = Manual | Pin | Replicate | Resolve | Remat | Auto
 Search = Callable[[Plan, Auto, str], Plan]
 
 
-def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Search | None = None) -> Plan:
+def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Search | None = None,
+                   origins: Sequence[tuple[str, str]] = ()) -> Plan:
     """The plan a schedule builds, tactic by tactic. `search(plan, auto, where)`
-    runs an auto tactic on the plan so far and returns the extended plan."""
+    runs an auto tactic on the plan so far and returns the extended plan.
+    `origins`: a training step's (`Model.origins`), which a `replicate` of a
+    named value's dimension follows into its gradient's computation."""
     plan = Plan(mesh)
     for index, tactic in enumerate(schedule):
         where = f"schedule.{index}.{type(tactic).__name__.lower()}"
@@ -106,8 +110,9 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
             plan = _manual(nda, plan, tactic, where)
         elif isinstance(tactic, Replicate):
             _check_axis(mesh, tactic.axis, where)
-            named = _matching(nda, tactic.values, where, results=True)
+            named = _matching(nda, tactic.values, where, results=True) if tactic.values else []
             pairs = [(nda.def_iclass(v, d), tactic.axis) for v in named for d in range(v.type.rank)]
+            pairs += [(k, tactic.axis) for k in _kept_whole(nda, _named_dims(nda, tactic.dims, where), origins)]
             plan = plan.with_replicated(pairs)
         elif isinstance(tactic, Pin):
             plan = _pin(nda, plan, tactic, where)
@@ -185,6 +190,50 @@ def _matching(nda: NDA, patterns: Sequence[str], where: str, results: bool = Fal
             raise TacticError(f"{where}: no {what} matches {pattern!r}; {what}s: {shown}")
         out += [v for v in found if v not in out]
     return out
+
+
+def _named_dims(nda: NDA, dims: Sequence[tuple[str, int]], where: str) -> list[tuple[Value, int]]:
+    """Each (value, dimension) that a (name or glob, dimension) names among
+    every named value of the program: parameters and op results alike (a
+    builder names the values a schedule may need, `layers.3.moe.expert_in`)."""
+    values = list(nda.function.params) + [r for op in nda.function.ops for r in op.results]
+    out: list[tuple[Value, int]] = []
+    for pattern, dim in dims:
+        found = [v for v in values if fnmatch.fnmatchcase(v.name, pattern)]
+        if not found:
+            raise TacticError(f"{where}: no value of the program matches {pattern!r}")
+        for v in found:
+            if not 0 <= dim < v.type.rank:
+                raise TacticError(f"{where}: %{v.name} is {v.type}: dimension {dim} is not one of 0..{v.type.rank - 1}")
+            out.append((v, dim))
+    return out
+
+
+def _kept_whole(nda: NDA, named: Sequence[tuple[Value, int]], origins: Sequence[tuple[str, str]]) -> list[int]:
+    """The I-classes that keep each value's dimension whole: its definition's
+    (the factor of the op that makes it) and, in a training step, those of
+    that dimension's color in the ops of its maker's backward (whose origin
+    is the value): a layout constraint holds for the cotangent too (the
+    transpose of jax's sharding constraint is the same constraint)."""
+    made_for: dict[str, list[int]] = {}
+    for i, op in enumerate(nda.function.ops):
+        for r in op.results:
+            made_for.setdefault(r.name, []).append(i)
+    backward: dict[str, list[int]] = {}
+    for result, origin in origins:
+        backward.setdefault(origin, []).extend(made_for.get(result, ()))
+    out: list[int] = []
+    for v, d in named:
+        k = nda.def_iclass(v, d)
+        out.append(k)
+        color = nda.iclasses[k].color
+        for i in dict.fromkeys(backward.get(v.name, ())):
+            op = nda.function.ops[i]
+            for r in op.results:
+                out += [nda.def_iclass(r, e) for e in range(r.type.rank) if nda.def_color(r, e) == color]
+            for j, operand in enumerate(op.operands):
+                out += [nda.use_iclass(i, j, e) for e in range(operand.type.rank) if nda.use_color(i, j, e) == color]
+    return list(dict.fromkeys(out))
 
 
 def _check_axis(mesh: Mesh, axis: str, where: str) -> None:
