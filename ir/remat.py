@@ -33,6 +33,8 @@ from ir.core import Function, IRError, Op, Value
 _LAYER_OUT = re.compile(r"layers\.(\d+)\.out")
 _LAYER_PARAM = re.compile(r"layers\.\d+\.")
 
+REMAT_SUFFIX = ".remat"  # a recomputed value is named after the value it recomputes
+
 
 def layer_count(fn: Function, forward_ops: int) -> int:
     """How many layers `layer_segments` finds (its layer outputs), without finding their ops."""
@@ -161,7 +163,7 @@ def _plan_layer(fn: Function, forward_ops: int, members: tuple[int, ...], reader
         op = fn.ops[i]
         if not any(r in needed for r in op.results):
             continue
-        results = tuple(Value(f"{r.name}.remat", r.type) for r in op.results)
+        results = tuple(Value(f"{r.name}{REMAT_SUFFIX}", r.type) for r in op.results)
         copies.update(zip(op.results, results))
         emitted.append(Op(op.kind, tuple(copies.get(v, v) for v in op.operands), results, op.attrs))
     inserts.setdefault(first, []).extend(emitted)

@@ -252,6 +252,8 @@ SMALL_MODELS = {
     "attention": dict(batch=2, seq=5, d_model=7, heads=3, head_dim=4, causal=True),
     "transformer": dict(SMALL, layers=2, kv_heads=1, gated_mlp=True, norm="layer"),
     "transformer_decode": dict(SMALL, layers=2, kv_heads=1, gated_mlp=True, norm="layer"),
+    "moe_transformer": dict(layers=2, d_model=6, heads=2, head_dim=3, experts=3, top_k=2, expert_hidden=5,
+                            shared_experts=1, seq=5, batch=2, vocab=11, kv_heads=1),
     "gns": dict(nodes=5, edges=7, node_features=3, edge_features=2, latent=4, hidden=6, mlp_layers=2, steps=2),
     "unet": dict(batch=2, size=4, channels_in=2, base_channels=4, levels=1, heads=2),
 }

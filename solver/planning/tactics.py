@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ir.core import IRError, Mesh, Value
 from ir.nda import NDA
+from ir.remat import REMAT_SUFFIX
 from ir.sharding import Decision
 from solver.plan import Plan
 from solver.search import SEARCH_TIME_LIMIT_S
@@ -195,11 +196,13 @@ def _matching(nda: NDA, patterns: Sequence[str], where: str, results: bool = Fal
 def _named_dims(nda: NDA, dims: Sequence[tuple[str, int]], where: str) -> list[tuple[Value, int]]:
     """Each (value, dimension) that a (name or glob, dimension) names among
     every named value of the program: parameters and op results alike (a
-    builder names the values a schedule may need, `layers.3.moe.expert_in`)."""
+    builder names the values a schedule may need, `layers.3.moe.expert_in`),
+    and a rematerialized value's recomputation with it."""
     values = list(nda.function.params) + [r for op in nda.function.ops for r in op.results]
     out: list[tuple[Value, int]] = []
     for pattern, dim in dims:
-        found = [v for v in values if fnmatch.fnmatchcase(v.name, pattern)]
+        # A rematerialized layer's recomputed values (`<name>.remat`, `ir.remat`) are the same values again.
+        found = [v for v in values if fnmatch.fnmatchcase(v.name.removesuffix(REMAT_SUFFIX), pattern)]
         if not found:
             raise TacticError(f"{where}: no value of the program matches {pattern!r}")
         for v in found:
