@@ -22,7 +22,7 @@ from solver.planning.tactics import Pin, apply_schedule
 from solver.search.space import SearchSpace
 from solver.search.zero import OPTIMIZER, STORAGE
 
-SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+SPECS = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "specs" / "moe").glob("*.yaml"))
 
 
 def nearest_points(spec):

@@ -55,7 +55,7 @@ PAPER_SPECS = {
     "gemma_2b_tpuv3", "gemma_2b_a100", "gemma_7b_tpuv3", "gemma_7b_a100",
     "chinchilla_32l_tpuv3", "chinchilla_32l_a100", "transformer_decode", "gns", "unet",
     "deep_mlp_8192x16", "deep_mlp_16384x64", "deep_mlp_32768x96", "llama2_70b", "transformer_pipeline",
-    "megatron_gpt_18b", "mixtral_8x7b", "deepseek_v3_moe",
+    "megatron_gpt_18b",
 }
 
 
