@@ -13,10 +13,11 @@ from conftest import ROOT
 
 pytest.importorskip("jax")
 
-SCRIPT = r'''
+# A step of a 2-layer MLP, its parameters and a batch: what both scripts plan.
+PRELUDE = r'''
 import json, sys
 import numpy as np, jax, jax.numpy as jnp
-from solver.frontend.jax_bridge import auto_mesh, plan_jax, xla_collectives
+from solver.frontend.jax_bridge import auto_mesh, batch_inputs, plan_jax, xla_collectives
 
 def loss(params, batch):
     h = jax.nn.relu(batch["x"] @ params["w1"])
@@ -31,6 +32,9 @@ params = {"w1": jnp.asarray(rng.normal(size=(16, 64)), jnp.float32),
           "w2": jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)}
 batch = {"x": jnp.asarray(rng.normal(size=(32, 16)), jnp.float32),
          "y": jnp.asarray(rng.normal(size=(32, 8)), jnp.float32)}
+'''
+
+SCRIPT = PRELUDE + r'''
 plan = plan_jax(step, (params, batch), mesh=auto_mesh((4, 2), ("batch", "model")), hardware="A100-80GB",
                 solver="none", inputs=["1.*"], workdir=sys.argv[1])
 got, want = plan.function(params, batch), jax.jit(step)(params, batch)
@@ -63,27 +67,10 @@ def test_plan_jax_runs_the_plan_under_xla(tmp_path):
     assert (tmp_path / "step.annotated.mlir").exists()
 
 
-FORMS = r'''
-import json, sys
-import numpy as np, jax, jax.numpy as jnp
-from solver.frontend.jax_bridge import auto_mesh, batch_inputs, plan_jax
-
-def loss(params, batch):
-    h = jax.nn.relu(batch["x"] @ params["w1"])
-    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
-
-def step(params, batch):
-    value, grads = jax.value_and_grad(loss)(params, batch)
-    return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
+FORMS = PRELUDE + r'''
 def step_of_one(args):  # one dict argument holding a `batch`
     return step(args["params"], args["batch"])
 
-rng = np.random.default_rng(0)
-params = {"w1": jnp.asarray(rng.normal(size=(16, 64)), jnp.float32),
-          "w2": jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)}
-batch = {"x": jnp.asarray(rng.normal(size=(32, 16)), jnp.float32),
-         "y": jnp.asarray(rng.normal(size=(32, 8)), jnp.float32)}
 mesh = auto_mesh((4, 2), ("batch", "model"))
 forms = {
     "readme": lambda w: plan_jax(step, (params, batch), mesh=mesh, hardware="A100-80GB", solver="cpsat",

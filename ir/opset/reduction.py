@@ -117,7 +117,9 @@ def _cumsum_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     return (x,)
 
 
-def _cumsum_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+def along_dim_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    """An op along `attrs["dim"]` (a running sum, a sort): that dimension
+    opaque, every other parallel, the result shaped as the operand."""
     (x,) = operand_types
     names = ["s" if d == attrs["dim"] else f"d{d}" for d in range(x.rank)]
     return FactorRule.build(operand_types, result_types, [names], [names], opaque=["s"])
@@ -138,7 +140,7 @@ def _cumsum_vjp(b, op, g, wanted):
 
 register(OpDef(
     "cumsum", "reduction", 1, (AttrSpec("dim", attr_int), AttrSpec("direction", attr_choice(*DIRECTIONS), "forward")),
-    _cumsum_infer, _cumsum_factors,
+    _cumsum_infer, along_dim_factors,
     lambda operand_types, result_types, attrs: OpCost(operand_types[0].num_elements,
                                                       io_bytes(operand_types, result_types)),
     impl=_cumsum_impl, vjp=_cumsum_vjp,

@@ -32,7 +32,6 @@ import numpy as np
 from ir.core import INT_DTYPES, Attrs, Mesh, TensorType
 from ir.opdef import (
     AttrSpec,
-    FactorRule,
     OpCost,
     OpDef,
     Types,
@@ -44,6 +43,7 @@ from ir.opdef import (
     register,
     require,
 )
+from ir.opset.reduction import along_dim_factors
 
 ORDERS = ("ascending", "descending")
 ZEROS = ("equal", "ordered")  # -0.0 and 0.0: equal (jnp.sort's comparator), or -0.0 first (XLA's TopK)
@@ -62,12 +62,6 @@ def _argsort_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     require(x.dtype != "bool", f"argsort: cannot order a bool tensor {x}")
     require(attrs["dtype"] in INT_DTYPES, f"argsort: the index dtype must be an integer type, got {attrs['dtype']}")
     return (TensorType(x.shape, attrs["dtype"]),)
-
-
-def _factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    (x,) = operand_types
-    names = ["s" if d == attrs["dim"] else f"d{d}" for d in range(x.rank)]
-    return FactorRule.build(operand_types, result_types, [names], [names], opaque=["s"])
 
 
 def _cost(operand_types: Types, result_types: Types, attrs: Attrs) -> OpCost:
@@ -122,12 +116,12 @@ ORDER_ATTRS = (AttrSpec("dim", attr_int), AttrSpec("order", attr_choice(*ORDERS)
                AttrSpec("zeros", attr_choice(*ZEROS), "equal"))
 
 register(OpDef(
-    "sort", "sorting", 1, ORDER_ATTRS, _sort_infer, _factors, _cost, impl=_sort_impl, vjp=_sort_vjp,
+    "sort", "sorting", 1, ORDER_ATTRS, _sort_infer, along_dim_factors, _cost, impl=_sort_impl, vjp=_sort_vjp,
     doc="x's values in `order` along `dim` (stable; NaN after every number ascending; -0.0 equal to 0.0, or "
         "before it with `zeros: ordered`)",
 ))
 register(OpDef(
     "argsort", "sorting", 1, ORDER_ATTRS + (AttrSpec("dtype", attr_dtype, "i32"),),
-    _argsort_infer, _factors, _cost, impl=_argsort_impl, vjp=lambda b, op, g, wanted: (None,),
+    _argsort_infer, along_dim_factors, _cost, impl=_argsort_impl, vjp=lambda b, op, g, wanted: (None,),
     doc="the positions along `dim` of sort's values (stable: equal values from the lowest position)",
 ))
