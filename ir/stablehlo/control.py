@@ -4,9 +4,9 @@ loops with a static trip count (unrolled), conditionals (`case`, `if`),
 annotations jax emits (the values pass through; the annotation is recorded
 as the user's constraint).
 
-A conditional (`lax.cond`, `lax.switch`, optax.MultiSteps' "apply the
-update every k-th step") whose index is known at import time is its
-branch. Otherwise every branch is computed and each result selected by the
+A conditional (`lax.cond`, `lax.switch`; optax.MultiSteps' test whether to
+skip a step, which is known: never) whose index is known at import time is
+its branch. Otherwise every branch is computed and each result selected by the
 index, which computes the same values: the IR is straight-line, so a
 plan shards both branches and the cost model prices both, where XLA runs
 one. The import says so (`ImportedModule.notes`, shown by `explain`)."""

@@ -16,6 +16,10 @@ decisions come after, and earlier decisions win on a contended axis).
                          how ZeRO-2 keeps the updated parameters whole
                          while their optimizer state is sharded: the
                          update is all_gathered before it is applied.
+                         With `dims` ((name or glob, dimension) of any
+                         named value): that one dimension kept whole where
+                         the value is made, recomputed and differentiated
+                         (a layout boundary: expert parallelism's all_to_all).
   Pin(values)            shard named values' dimensions along mesh axes,
                          propagating like Manual: the program's own sharding
                          constraints (an imported jax program's
