@@ -132,8 +132,11 @@ def test_the_moe_routes_with_top_k_and_the_run_time_cond_computes_both_branches(
     assert not np.isclose(shallow[0], outputs[0])
 
 
-def test_explain_shows_the_notes_of_a_run_time_cond(capsys):
-    code, out, _ = shardplan(capsys, "explain", REAL / "cond_train.yaml")
+@pytest.mark.parametrize("command", ["explain", "plan"])
+def test_explain_and_plan_show_the_notes_of_a_run_time_cond(capsys, command):
+    code, out, _ = shardplan(capsys, command, REAL / "cond_train.yaml")
     assert code == 0 and out.count("note: line ") == 2
-    code, out, _ = shardplan(capsys, "explain", REAL / "cond_train.yaml", "--json")
+    code, out, _ = shardplan(capsys, command, REAL / "cond_train.yaml", "--json")
     assert code == 0 and len(json.loads(out)["notes"]) == 2
+    code, out, _ = shardplan(capsys, command, REAL / "mlp_train_flax.yaml", "--json")
+    assert code == 0 and json.loads(out)["notes"] == []

@@ -150,6 +150,7 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     schedule = f"schedule {report['schedule']}, " if report["schedule"] else ""
     lines = [f"{report['source']}: plan ({schedule}solver {report['solver']}) on mesh {mesh}",
              f"collectives: {counts}", _format_local(report["local_program"])]
+    lines += [f"note: {n}" for n in report.get("notes", ())]
     if report["remat"]:
         lines.append(f"rematerialized: {', '.join(report['remat'])} (each layer's forward recomputed in its backward)")
     if report["remat_search"]:

@@ -575,6 +575,7 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "source": planned.spec.source,
         "solver": solver,
         "schedule": planned.schedule,
+        "notes": list(planned.model.notes),
         "remat": list(planned.remat),
         "remat_search": [{"remat": list(choice), "step_time_s": seconds} for choice, seconds in planned.remat_tried],
         "mesh_search": [],  # `shardplan plan` fills it for a mesh search (solver.planning.meshes)
