@@ -110,11 +110,16 @@ register(OpDef(
 DIRECTIONS = ("forward", "reverse")
 
 
+def check_along_dim(kind: str, x: TensorType, attrs: Attrs, verb: str) -> None:
+    """An op along `attrs["dim"]` of `x` (a running sum, a sort): the
+    dimension exists, and the values are numbers to `verb`, not bools."""
+    check_dim(kind, attrs["dim"], x.rank)
+    require(x.dtype != "bool", f"{kind}: cannot {verb} a bool tensor {x}")
+
+
 def _cumsum_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    (x,) = types
-    check_dim("cumsum", attrs["dim"], x.rank)
-    require(x.dtype != "bool", f"cumsum: cannot sum a bool tensor {x}")
-    return (x,)
+    check_along_dim("cumsum", types[0], attrs, "sum")
+    return (types[0],)
 
 
 def along_dim_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:

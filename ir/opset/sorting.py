@@ -38,28 +38,24 @@ from ir.opdef import (
     attr_choice,
     attr_dtype,
     attr_int,
-    check_dim,
     io_bytes,
     register,
     require,
 )
-from ir.opset.reduction import along_dim_factors
+from ir.opset.reduction import along_dim_factors, check_along_dim
 
 ORDERS = ("ascending", "descending")
 ZEROS = ("equal", "ordered")  # -0.0 and 0.0: equal (jnp.sort's comparator), or -0.0 first (XLA's TopK)
 
 
 def _sort_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    (x,) = types
-    check_dim("sort", attrs["dim"], x.rank)
-    require(x.dtype != "bool", f"sort: cannot order a bool tensor {x}")
-    return (x,)
+    check_along_dim("sort", types[0], attrs, "order")
+    return (types[0],)
 
 
 def _argsort_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     (x,) = types
-    check_dim("argsort", attrs["dim"], x.rank)
-    require(x.dtype != "bool", f"argsort: cannot order a bool tensor {x}")
+    check_along_dim("argsort", x, attrs, "order")
     require(attrs["dtype"] in INT_DTYPES, f"argsort: the index dtype must be an integer type, got {attrs['dtype']}")
     return (TensorType(x.shape, attrs["dtype"]),)
 
