@@ -115,25 +115,13 @@ def _canonical(imp: Importer, defs: dict[str, Stmt], args: list[str], name: str)
             return None
         direction, lhs, rhs = operands.groups()
         zero = direction == "EQ" and value == 0 and lhs == rest and _scalar(imp, defs.get(rhs)) == 0
-        nan = direction == "NE" and value is not None and np.isnan(value) and lhs == rhs and _origin(defs, lhs, rest)
+        # jax tests the NaN on the argument itself and selects over its zero-canonicalized form.
+        nan = (direction == "NE" and value is not None and np.isnan(value) and lhs == rhs
+               and _canonical(imp, defs, args, lhs) == _canonical(imp, defs, args, rest) is not None)
         if not (zero or nan):
             return None
         name = rest
     return None
-
-
-def _origin(defs: dict[str, Stmt], tested: str, rest: str) -> bool:
-    """Whether `rest` is `tested` or a canonicalizing select of it (jax tests
-    the NaN on the argument and selects over its zero-canonicalized form)."""
-    seen = rest
-    for _ in range(len(defs) + 1):
-        if seen == tested:
-            return True
-        stmt = defs.get(seen)
-        if stmt is None or stmt.op != "stablehlo.select":
-            return False
-        seen = re.findall(VALUE, stmt.rest.split(" : ")[0])[2]
-    return False
 
 
 def _scalar(imp: Importer, stmt: Stmt | None) -> float | None:
