@@ -12,8 +12,15 @@ not one pass per op. The model here:
   - a producer joins its consumer's kernel when both are fusible, the
     producer has one result, every use of it is in that one consumer, and
     it is not a result of the program (a value read by two ops, or by a
-    collective, must be written to HBM anyway). Kernels are the connected
-    components of these edges, so a kernel may have several outputs;
+    collective, must be written to HBM anyway), and it is not a scalar.
+    Kernels are the connected components of these edges, so a kernel may
+    have several outputs. Scalars are left out because fusing them saves
+    nothing (a scalar is 4 bytes of traffic either way) and would tie far
+    apart ops into one kernel: a sum of per-layer losses (a router's load
+    balance) or Adam's step-count corrections would join every layer's
+    reductions into one kernel whose price depends on every layer's
+    sharding, so repeated layers could not be priced once (CP-SAT's folded
+    terms, `solver.search.cpsat_terms`);
   - a kernel of one op costs what the op costs alone (its registered
     roofline); a kernel of several costs
         max(sum of flops / peak flop/s of each op's dtype,
@@ -87,7 +94,8 @@ def fuse(fn: Function) -> Fusion:
     returned = set(fn.results)
     can = [fusible(op.kind) and len(op.results) == 1 for op in fn.ops]
     links = [(p, i) for i, op in enumerate(fn.ops) if can[i] for v in op.operands
-             if (p := producer.get(v)) is not None and can[p] and using[v] == {i} and v not in returned]
+             if (p := producer.get(v)) is not None and can[p] and using[v] == {i} and v not in returned
+             and v.type.shape]  # not a scalar (the module docstring)
     kernels = tuple(tuple(m) for m in components(len(fn.ops), links))
     kernel_of = [0] * len(fn.ops)
     for k, m in enumerate(kernels):

@@ -50,10 +50,12 @@ LAYER_KINDS = {
 # their first and last two layers are a boundary of their own, and the repeated run between
 # them (of two-layer units, for the deep MLP) settles at 8 layers and at 4 steps.
 LENGTHS = {"deep-mlp": (8, 16), "gns": (4, 8)}
+# Layer kinds with a little per-layer work that does not fold (test_moe_layers_fold_but_for_the_load_balance_sum).
+SUMMED_KINDS = {"moe": ("moe_transformer", "layers", dict(heads=4, kv_heads=2, head_dim=4))}
 
 
 def _model(kind: str, length: int):
-    name, arg, kwargs = LAYER_KINDS[kind]
+    name, arg, kwargs = {**LAYER_KINDS, **SUMMED_KINDS}[kind]
     model = build(name, **{**kwargs, arg: length})
     return model if name == "transformer_decode" else training_step(model)
 
@@ -77,6 +79,21 @@ def test_the_model_is_the_same_at_2_and_8_layers(kind):
     mesh = Mesh.of(data=2, model=2)
     short, long = LENGTHS.get(kind, (2, 8))
     assert _size(kind, short, mesh) == _size(kind, long, mesh)
+
+
+def test_moe_layers_fold_but_for_the_load_balance_sum():
+    """A mixture of experts adds each layer's load-balancing loss to a running
+    scalar sum, a chain through every layer whose partial-sum states differ
+    per layer, so those few scalar terms repeat per layer; everything else,
+    the router, the dispatch and the experts included, folds. Before scalars
+    were kept out of fused kernels (`costmodel.fusion`), the sum fused every
+    layer's reductions into one kernel and the combinations tripled per layer."""
+    mesh = Mesh.of(data=2, model=2)
+    sizes = [_size("moe", layers, mesh) for layers in (2, 3, 4)]
+    assert sizes[0][:4] == sizes[1][:4] == sizes[2][:4]  # decisions and keys
+    terms, combos = [s[4] for s in sizes], [s[5] for s in sizes]
+    assert terms[2] - terms[1] == terms[1] - terms[0] <= 4
+    assert combos[2] - combos[1] == combos[1] - combos[0] < combos[0] / 200
 
 
 def _spaces(model, mesh, zero: bool):

@@ -20,11 +20,12 @@ from solver.planning.tactics import Manual, apply_schedule
 from solver.search.keys import IClassKeys
 from solver.search.space import Point, SearchSpace
 
-PROGRAMS = {  # four layers: three of them fold onto one
+PROGRAMS = {  # transformers of four layers: three of them fold onto one; a deep MLP's run of two-layer units
+    # between its boundary layers (`test_folding.LENGTHS`)
     "transformer": lambda: training_step(build("transformer", **{**SMALL, "layers": 4})),
     "transformer-gqa-gated": lambda: training_step(build(
         "transformer", **{**SMALL, "layers": 4, "heads": 4, "head_dim": 2}, kv_heads=2, gated_mlp=True)),
-    "deep_mlp": lambda: training_step(build("deep_mlp")),
+    "deep_mlp": lambda: training_step(build("deep_mlp", layers=8)),
 }
 MESHES = {"2x2": Mesh.of(batch=2, model=2), "2x2x2": Mesh.of(batch=2, fsdp=2, model=2)}
 
