@@ -1,4 +1,4 @@
-"""Auto against expert on every bundled spec: the fastest named schedule
+"""Auto against expert on every bundled spec (specs/ and specs/moe/): the fastest named schedule
 that fits (the expert floor), and each search backend's own plan and its
 answer (the floor kept where no searched plan is faster), with step time,
 peak memory, status and wall time.
@@ -177,7 +177,7 @@ def main() -> int:
     parser.add_argument("--write-readme", action="store_true", help="write the summary into README.md")
     parser.add_argument("--write-docs", action="store_true", help="write docs/auto_vs_expert.md")
     args = parser.parse_args()
-    specs = sorted((ROOT / "specs").glob("*.yaml"))
+    specs = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "specs" / "moe").glob("*.yaml"))
     if args.only:
         specs = [s for s in specs if s.stem in args.only]
     if args.jobs < 1:
