@@ -90,7 +90,21 @@ def test_batch_parallel_plan_executes_like_the_global_program(name):
 def test_check_passes_on_the_real_fixtures(capsys):
     code, out, _ = shardplan(capsys, "check", REAL)
     assert code == 0, out
-    assert f"{len(NAMES)} of {len(NAMES)} schedule(s) in {len(NAMES)} spec(s) as expected" in out
+    specs = len(NAMES) + 1  # and moe_train_ep.yaml
+    assert f"{specs} of {specs} schedule(s) in {specs} spec(s) as expected" in out
+
+
+def test_expert_parallel_moe_executes_like_the_global_program():
+    """moe_train_ep.yaml: the flax MoE step with its experts' weights over an expert axis (router columns,
+    w_in, w_out: one color), the tokens over batch; the plan's collectives are its `expect:`'s."""
+    spec = load_spec(REAL / "moe_train_ep.yaml")
+    planned = plan_spec(spec, schedule="EP", prepared=prepare(spec))
+    w_in = planned.model.function.param("params.moe.w_in")
+    assert planned.sharding.def_dims(planned.nda, w_in)[0] == ("expert",)
+    assert_executes_like_the_global_program("moe_train", planned.model, planned.lowered)
+    counts = collective_counts(planned.lowered)
+    assert {k: counts.get(k, 0) for k in ("all_reduce", "all_gather", "all_slice")} == {
+        "all_reduce": 18, "all_gather": 3, "all_slice": 3}
 
 
 @pytest.mark.parametrize("name", NAMES)

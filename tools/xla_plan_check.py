@@ -9,9 +9,10 @@ and compare XLA's collectives with shardplan's, kind by kind.
 
 Needs jax (the `jax` extra), not the libraries the fixtures came from: the
 module text and the .npz inputs are committed. Figures per fixture and plan
-(`BP`: the spec's batch-parallel schedule; `CP-SAT`: `--solver cpsat` on the
-spec's A100 figures with 75% (else 90%) of the replicated program's peak
-memory, see `tight_spec`):
+(`BP`: the spec's batch-parallel schedule, `EP` for moe_train_ep, the same
+flax MoE step on a mesh with an expert axis; `CP-SAT`: `--solver cpsat` on
+the spec's A100 figures with 75% (else 90%) of the replicated program's
+peak memory, see `tight_spec`):
   ops        shardplan's collectives of the kind in the device-local program;
              XLA's tensors moved by ops of the kind (XLA combines several
              all-reduces into one op of a tuple)
@@ -52,7 +53,10 @@ from solver.search.report import NoPlanFits  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",
             "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode", "real/moe_train",
-            "real/multisteps_train", "real/cond_train"]
+            "real/multisteps_train", "real/cond_train", "real/moe_train_ep"]
+# The named schedule each program is planned with besides CP-SAT (default BP) and the fixture whose inputs it runs.
+NAMED = {"real/moe_train_ep": "EP"}
+INPUTS = {"real/moe_train_ep": "real/moe_train"}
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 DOC = ROOT / "docs" / "xla_comparison.md"
 MEMORY_FRACTIONS = (0.75, 0.9)  # of the replicated peak, for the CP-SAT plans (see tight_spec)
@@ -91,6 +95,16 @@ NOTES: dict[tuple[str, str, str], str] = {
     "bytes) and runs its TopK on every device: its SPMD partitioner does not split a TopK along the tokens, which "
     "the plan keeps local (sort's other dimensions are parallel). The other gather is the planned one: the choices, "
     "for the capacity's cumulative sum over the whole batch",
+    ("moe_train_ep", "EP", "all_reduce"): TIED + "; the tokens' cotangent sums two terms each partial over expert "
+    "(the dispatch's and the router's: both contract the experts dimension): shardplan adds them and all-reduces "
+    "once, XLA all-reduces each (+1 tensor, +4,096 bytes); and XLA all-reduces the softmax cotangent's second sum "
+    "as 32 values where shardplan all-reduces it as 32 x 2 (-128 bytes)",
+    ("moe_train_ep", "EP", "all_gather"): "as many gathers, other ones: XLA gathers the router's probabilities over "
+    "expert once for its TopK, where shardplan gathers them once per reader (the values' sort and the indices' "
+    "argsort, -256 bytes), and gathers them over batch too (the 128 x 4 result, +512 bytes): its SPMD partitioner "
+    "does not split a TopK along the tokens (moe_train's BP row). The choices' gather over batch, for the capacity's "
+    "cumulative sum, is the planned one; no all_to_all on either side (the capacity is the whole batch's, so the "
+    "experts' inputs are a contraction over the tokens: all-reduced over batch, not moved)",
     ("cnn_train", CNN, "reduce_scatter"): "the second convolution's partial output (model-sharded input channels) "
     "is reduce-scattered onto its output channels by shardplan; XLA's CPU pipeline all-reduces it and slices "
     "(the same 32,768 operand bytes; GPU and TPU pipelines form the reduce-scatter)",
@@ -127,7 +141,7 @@ def tight_spec(path: pathlib.Path, fraction: float):
     flops = ", ".join(f"{k}: {v / 1e12:g}TFLOP/s" for k, v in device.peak_flops.items())
     inline = (f"hardware:\n  device: {{name: A100-tight, peak_flops: {{{flops}}}, memory: {int(peak * fraction)}B, "
               f"memory_bandwidth: {device.memory_bandwidth / 1e9:g}GB/s}}\n"
-              "  links: {batch: {bandwidth: 300GB/s, latency: 5us}, model: {bandwidth: 300GB/s, latency: 5us}}\n")
+              "  links: {" + ", ".join(f"{axis}: {{bandwidth: 300GB/s, latency: 5us}}" for axis in spec.mesh) + "}\n")
     text = re.sub(r"^hardware: .*\n", inline, path.read_text(), flags=re.M)
     return parse_spec(text, str(path))
 
@@ -136,7 +150,8 @@ def check(program: str, plan: str, time_limit_s: float) -> dict:
     path = FIXTURES / f"{program}.yaml"
     overrides = SearchOverrides(time_limit_s=time_limit_s)
     if plan == "BP":
-        planned = plan_spec(load_spec(path), schedule="BP")
+        plan = NAMED.get(program, "BP")
+        planned = plan_spec(load_spec(path), schedule=plan)
     else:
         planned = None
         for fraction in MEMORY_FRACTIONS:  # the tightest that CP-SAT fits (memory-tight search is issue 27's)
@@ -149,7 +164,7 @@ def check(program: str, plan: str, time_limit_s: float) -> dict:
         if planned is None:
             planned, plan = plan_spec(load_spec(path), solver="cpsat", overrides=overrides), "CP-SAT"
     text = annotate_planned(planned)
-    data = np.load(FIXTURES / f"{program}.npz")
+    data = np.load(FIXTURES / f"{INPUTS.get(program, program)}.npz")
     args = tuple(jnp.asarray(data[f"in.{i}"]) for i in range(sum(k.startswith("in.") for k in data)))
     outs = [data[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in data))]
     mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
@@ -195,7 +210,8 @@ def write_docs(text: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="program names (default: every real fixture)")
-    parser.add_argument("--plans", nargs="*", default=["BP", "CP-SAT"], choices=["BP", "CP-SAT"])
+    parser.add_argument("--plans", nargs="*", default=["BP", "CP-SAT"], choices=["BP", "CP-SAT"],
+                        help="BP: each program's named schedule (BP, or NAMED's); CP-SAT: the search's plan")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--write-docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     parser.add_argument("--time-limit", type=float, default=60.0)
