@@ -5,6 +5,7 @@ jax prints for code nobody on this project wrote.
     tools/dev_env.sh                                  # once: .venv-dev with the pinned libraries
     .venv-dev/bin/python tools/export_real_fixtures.py [--only NAME ...] [--out DIR]
     .venv-dev/bin/python tools/export_real_fixtures.py --gemma-2b bench/data/gemma_2b_train.mlir
+    .venv-dev/bin/python tools/export_real_fixtures.py --llama-500m bench/data/llama_500m_train.mlir
 
 Library versions are pinned in tools/dev_env.sh (and checked below); the
 exported text records them in `versions.json`. No weights are downloaded:
@@ -500,6 +501,39 @@ def export_gemma_2b(path: pathlib.Path) -> None:
     print(f"{path}: {len(text.splitlines())} lines; spec {path.with_suffix('.yaml')}")
 
 
+def export_llama_500m(path: pathlib.Path) -> None:
+    """The text of a HF Flax Llama of 0.5B parameters (8 layers, d 2048, 16
+    heads sharing 8 key/value heads, SwiGLU 5,632, vocab 32,000, f32) and its
+    Adam-W step on batch 8 x seq 512, traced with abstract shapes (nothing is
+    allocated), for tools/xla_plan_check.py's mid-size row: planned on a 4 x 2
+    mesh and compiled by XLA, not run."""
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
+                                      max_position_embeddings=512)
+    model = transformers.FlaxLlamaForCausalLM(config, _do_init=False, dtype=jnp.float32)
+    params = jax.eval_shape(lambda: model.init_weights(jax.random.key(0), (1, 8)))
+
+    def loss_fn(params, batch):
+        return lm_loss(model(batch["input_ids"], params=params).logits, batch["input_ids"])
+
+    args = {"params": params, "opt": jax.eval_shape(OPTIMIZER.init, params),
+            "batch": {"input_ids": jax.ShapeDtypeStruct((8, 512), jnp.int32)}}
+    text = jax.jit(train_step(loss_fn)).lower(args).as_text()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(params))
+    names = ", ".join(arg_names(args))
+    path.with_suffix(".yaml").write_text(
+        f"# Written by tools/export_real_fixtures.py --llama-500m: a HF Flax Llama of {count:,} parameters, "
+        f"Adam-W (transformers {transformers.__version__}, jax {jax.__version__}).\n"
+        f"description: HF Flax Llama, {count / 1e9:.2f}B parameters, 8 layers, training step, batch 8 x seq 512, "
+        f"on 8 A100s (4 x 2)\n"
+        f"model:\n  stablehlo: {path.name}\n  param_names: [{names}]\n  inputs: [\"batch.*\"]\n"
+        f"  state: [\"opt.*\"]\ndevices: 8\nmesh: {{batch: 4, model: 2}}\nhardware: A100-80GB\n"
+        f"schedules:\n  BP:\n    tactics:\n      - manual: {{axis: batch, values: {{batch.input_ids: 0}}}}\n")
+    print(f"{path}: {len(text.splitlines())} lines, {count:,} parameters; spec {path.with_suffix('.yaml')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path,
@@ -509,11 +543,16 @@ def main() -> None:
                         help="write only the one-construct programs under tests/fixtures/stablehlo/")
     parser.add_argument("--gemma-2b", type=pathlib.Path, metavar="PATH",
                         help="write a Gemma-2B-shaped training step's text to PATH instead")
+    parser.add_argument("--llama-500m", type=pathlib.Path, metavar="PATH",
+                        help="write a 0.5B HF Flax Llama's training step (and its spec) to PATH instead")
     args = parser.parse_args()
     if VERSIONS != PINNED:
         print(f"warning: library versions {VERSIONS} differ from the pinned {PINNED} (tools/dev_env.sh)")
     if args.gemma_2b:
         export_gemma_2b(args.gemma_2b)
+        return
+    if args.llama_500m:
+        export_llama_500m(args.llama_500m)
         return
     if args.constructs:
         export_constructs(args.out.parent / "stablehlo")

@@ -36,15 +36,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from solver.frontend.annotate import annotate_planned
+from solver.frontend.hlo_collectives import xla_collectives  # noqa: F401 - the bridge's API
 from solver.planning.planner import Planned, SearchOverrides, plan_spec
 from solver.planning.spec import load_spec
 from solver.search import SEARCH_TIME_LIMIT_S
-
-# HLO collective op names -> ours.
-XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
-             "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
-HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-             "s64": 8, "u64": 8, "f64": 8}
 
 
 def auto_mesh(shape: Sequence[int], axes: Sequence[str]) -> jax.sharding.Mesh:
@@ -83,72 +78,6 @@ def compile_annotated(text: str, mesh: jax.sharding.Mesh, args: Any, out_shapes:
     with lowered._lowering._hlo.context:  # noqa: SLF001 - see the docstring
         lowered._lowering._hlo = mlir_ir.Module.parse(text)  # noqa: SLF001
     return lowered.compile()
-
-
-def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
-    """Per collective kind in compiled HLO text, as executed once: the ops,
-    the tensors they move (XLA combines several all-reduces into one op of
-    a tuple, so tensors is the figure to compare with shardplan's op count)
-    and the bytes of those operands on one device. A collective inside a
-    while loop's body counts once per trip (XLA keeps a scanned layer
-    stack as a loop; its `known_trip_count` says how many)."""
-    shapes = {m.group(1): _hlo_bytes(m.group(2)) for m in re.finditer(r"%([\w.\-]+) = ([a-z]+\d*\[[\d,]*\])", hlo)}
-    computations = _computations(hlo)
-    trips = _trips(computations)
-    out: dict[str, dict[str, int]] = {}
-    for name, lines in computations.items():
-        for line in lines:
-            m = re.search(r"= (.*?) ([a-z\-]+?)(?:-start)?\(([^)]*)\)", line)
-            if m is None or m.group(2) not in XLA_KINDS:
-                continue
-            operands = re.findall(r"%([\w.\-]+)", m.group(3))
-            # An all-reduce's operands are shaped like its result; look the others' up.
-            moved = _hlo_bytes(m.group(1)) if m.group(2) == "all-reduce" else sum(shapes.get(o, 0) for o in operands)
-            entry = out.setdefault(XLA_KINDS[m.group(2)], {"ops": 0, "tensors": 0, "bytes": 0})
-            entry["ops"] += trips[name]
-            entry["tensors"] += len(operands) * trips[name]
-            entry["bytes"] += moved * trips[name]
-    return out
-
-
-def _computations(hlo: str) -> dict[str, list[str]]:
-    """Computation name -> its instruction lines; the entry's name is `ENTRY`."""
-    out: dict[str, list[str]] = {}
-    current = None
-    for line in hlo.splitlines():
-        header = re.match(r"(ENTRY )?%([\w.\-]+) .*\{\s*$", line)  # unindented: instructions are indented
-        if header:
-            current = "ENTRY" if header.group(1) else header.group(2)
-            out[current] = []
-        elif line.startswith("}"):
-            current = None
-        elif current is not None:
-            out[current].append(line)
-    return out
-
-
-def _trips(computations: dict[str, list[str]]) -> dict[str, int]:
-    """How many times each computation runs per step: a while body runs its
-    loop's known trip count times each time its caller runs."""
-    trips = dict.fromkeys(computations, 1)
-    calls = [(name, m.group(1), int(n.group(1)) if n else 1) for name, lines in computations.items() for line in lines
-             if (m := re.search(r" while\(.*body=%([\w.\-]+)", line))
-             and ((n := re.search(r'known_trip_count":\{"n":"(\d+)"', line)) or True)]
-    for _ in range(len(calls)):  # nested loops: a fixed point in at most as many passes
-        for caller, body, n in calls:
-            trips[body] = trips.get(caller, 1) * n
-    return trips
-
-
-def _hlo_bytes(types: str) -> int:
-    """Bytes of the arrays in an HLO type (`f32[4,8]{1,0}` or a tuple of them)."""
-    total = 0
-    for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", types):
-        count = 1
-        for d in filter(None, dims.split(",")):
-            count *= int(d)
-        total += count * HLO_BYTES.get(dtype, 4)
-    return total
 
 
 @dataclasses.dataclass
