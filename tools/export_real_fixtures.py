@@ -472,6 +472,35 @@ def export(name: str, out: pathlib.Path) -> None:
     print(f"{out / name}.mlir: {len(text.splitlines())} lines, {len(flat_in)} arguments, {len(flat_out)} results")
 
 
+def abstract_step(model, dtype, batch_shape: tuple[int, int], path: pathlib.Path) -> tuple[dict, str]:
+    """A HF Flax causal LM's Adam-W training step traced with abstract shapes
+    (no parameters are allocated), its text written to `path`: (args, text)."""
+    params = jax.eval_shape(lambda: model.init_weights(jax.random.key(0), (1, 8)))
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), params)
+
+    def loss_fn(params, batch):
+        return lm_loss(model(batch["input_ids"], params=params).logits, batch["input_ids"])
+
+    args = {"params": params, "opt": jax.eval_shape(OPTIMIZER.init, params),
+            "batch": {"input_ids": jax.ShapeDtypeStruct(batch_shape, jnp.int32)}}
+    text = jax.jit(train_step(loss_fn)).lower(args).as_text()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return args, text
+
+
+BP_TACTIC = "manual: {axis: batch, values: {batch.input_ids: 0}}\n"
+
+
+def write_abstract_spec(path: pathlib.Path, args: dict, comment: str, description: str, rest: str) -> None:
+    """The spec beside an abstract step's text: its argument names and roles, then `rest` (mesh, hardware,
+    schedule)."""
+    path.with_suffix(".yaml").write_text(
+        f"# Written by tools/export_real_fixtures.py {comment}.\ndescription: {description}\n"
+        f"model:\n  stablehlo: {path.name}\n  param_names: [{', '.join(arg_names(args))}]\n"
+        f"  inputs: [\"batch.*\"]\n  state: [\"opt.*\"]\n{rest}")
+
+
 def export_gemma_2b(path: pathlib.Path) -> None:
     """The text of a Gemma-2B-shaped training step (18 layers, d 2048, 8 heads
     of 256, MQA, SwiGLU 16384, vocab 256,000, batch 8 x seq 2048), traced
@@ -480,24 +509,10 @@ def export_gemma_2b(path: pathlib.Path) -> None:
                                       num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
                                       head_dim=256, max_position_embeddings=2048)
     model = transformers.FlaxGemmaForCausalLM(config, _do_init=False, dtype=jnp.bfloat16)
-    params = jax.eval_shape(lambda: model.init_weights(jax.random.key(0), (1, 8)))
-    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16), params)
-
-    def loss_fn(params, batch):
-        return lm_loss(model(batch["input_ids"], params=params).logits, batch["input_ids"])
-
-    args = {"params": params, "opt": jax.eval_shape(OPTIMIZER.init, params),
-            "batch": {"input_ids": jax.ShapeDtypeStruct((8, 2048), jnp.int32)}}
-    text = jax.jit(train_step(loss_fn)).lower(args).as_text()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    names = ", ".join(arg_names(args))
-    path.with_suffix(".yaml").write_text(
-        f"# Written by tools/export_real_fixtures.py --gemma-2b: a Gemma-2B-shaped Adam-W step (HF Flax).\n"
-        f"description: Gemma-2B-shaped training step, batch 8 x seq 2048, on 32 H100s (8 x 4)\n"
-        f"model:\n  stablehlo: {path.name}\n  param_names: [{names}]\n  inputs: [\"batch.*\"]\n"
-        f"  state: [\"opt.*\"]\nmesh: {{batch: 8, model: 4}}\nhardware: H100-SXM\n"
-        f"schedule:\n  - manual: {{axis: batch, values: {{batch.input_ids: 0}}}}\n")
+    args, text = abstract_step(model, jnp.bfloat16, (8, 2048), path)
+    write_abstract_spec(path, args, "--gemma-2b: a Gemma-2B-shaped Adam-W step (HF Flax)",
+                        "Gemma-2B-shaped training step, batch 8 x seq 2048, on 32 H100s (8 x 4)",
+                        "mesh: {batch: 8, model: 4}\nhardware: H100-SXM\nschedule:\n  - " + BP_TACTIC)
     print(f"{path}: {len(text.splitlines())} lines; spec {path.with_suffix('.yaml')}")
 
 
@@ -511,26 +526,14 @@ def export_llama_500m(path: pathlib.Path) -> None:
                                       num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
                                       max_position_embeddings=512)
     model = transformers.FlaxLlamaForCausalLM(config, _do_init=False, dtype=jnp.float32)
-    params = jax.eval_shape(lambda: model.init_weights(jax.random.key(0), (1, 8)))
-
-    def loss_fn(params, batch):
-        return lm_loss(model(batch["input_ids"], params=params).logits, batch["input_ids"])
-
-    args = {"params": params, "opt": jax.eval_shape(OPTIMIZER.init, params),
-            "batch": {"input_ids": jax.ShapeDtypeStruct((8, 512), jnp.int32)}}
-    text = jax.jit(train_step(loss_fn)).lower(args).as_text()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(params))
-    names = ", ".join(arg_names(args))
-    path.with_suffix(".yaml").write_text(
-        f"# Written by tools/export_real_fixtures.py --llama-500m: a HF Flax Llama of {count:,} parameters, "
-        f"Adam-W (transformers {transformers.__version__}, jax {jax.__version__}).\n"
-        f"description: HF Flax Llama, {count / 1e9:.2f}B parameters, 8 layers, training step, batch 8 x seq 512, "
-        f"on 8 A100s (4 x 2)\n"
-        f"model:\n  stablehlo: {path.name}\n  param_names: [{names}]\n  inputs: [\"batch.*\"]\n"
-        f"  state: [\"opt.*\"]\ndevices: 8\nmesh: {{batch: 4, model: 2}}\nhardware: A100-80GB\n"
-        f"schedules:\n  BP:\n    tactics:\n      - manual: {{axis: batch, values: {{batch.input_ids: 0}}}}\n")
+    args, text = abstract_step(model, jnp.float32, (8, 512), path)
+    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(args["params"]))
+    write_abstract_spec(path, args, f"--llama-500m: a HF Flax Llama of {count:,} parameters, Adam-W (transformers "
+                        f"{transformers.__version__}, jax {jax.__version__})",
+                        f"HF Flax Llama, {count / 1e9:.2f}B parameters, 8 layers, training step, batch 8 x seq 512, "
+                        "on 8 A100s (4 x 2)",
+                        "devices: 8\nmesh: {batch: 4, model: 2}\nhardware: A100-80GB\nschedules:\n  BP:\n"
+                        "    tactics:\n      - " + BP_TACTIC)
     print(f"{path}: {len(text.splitlines())} lines, {count:,} parameters; spec {path.with_suffix('.yaml')}")
 
 
