@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 
+# HLO collective op names -> ours.
 XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
              "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
 HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
              "s64": 8, "u64": 8, "f64": 8}
-
 
 
 def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
@@ -56,9 +56,10 @@ def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
             elements = _tuple_types(m.group(2))
             scattered = [i for i in range(len(elements)) if (m.group(1), i if len(elements) > 1 else None) in sliced]
             kept = [i for i in range(len(elements)) if i not in scattered]
-            for part, kind in ((scattered, "reduce_scatter"), (kept, "all_reduce")):
+            # The op counts as a reduce_scatter where all its tensors are; a tuple of both kinds is an all-reduce op.
+            for part, as_kind in ((scattered, "reduce_scatter"), (kept, "all_reduce")):
                 if part:
-                    add(kind, 1 if len(part) == len(elements) or kind == "all_reduce" else 0, len(part),
+                    add(as_kind, 1 if len(part) == len(elements) or as_kind == "all_reduce" else 0, len(part),
                         sum(_hlo_bytes(elements[i]) for i in part), trips[name])
     return out
 
