@@ -19,7 +19,11 @@ peak memory, see `tight_spec`):
   bytes      the operands' bytes on one device, summed over those collectives
   max |diff| between the sharded run and jax's unsharded outputs
 A difference is explained in NOTES (below) or printed as unexplained. A table
-of every plan's bytes (all kinds together, XLA's over the plan's) follows.
+of every plan's bytes (all kinds together, XLA's over the plan's) follows,
+with the shardings XLA kept as planned (`solver.frontend.hlo_shardings`, on
+the module XLA dumps after Shardy's propagation for each compilation):
+arguments, results and constrained values of @main's body that agree, of
+those compared; the ones that do not are listed under it.
 
 Mid-size (MIDSIZE): a 0.5B HF Flax Llama, its CP-SAT plan at a quarter of
 its replicated peak memory, compiled by XLA from shapes and not run; its
@@ -38,6 +42,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,6 +57,7 @@ from costmodel.hardware import PRESETS  # noqa: E402
 from ir.lower import LowerOptions  # noqa: E402
 from ir.ops import get  # noqa: E402
 from solver.frontend.annotate import annotate_planned  # noqa: E402
+from solver.frontend.hlo_shardings import check_shardings, dumped_modules  # noqa: E402
 from solver.frontend.jax_bridge import auto_mesh, compile_annotated, xla_collectives  # noqa: E402
 from solver.planning.planner import SearchOverrides, plan_spec, prepare  # noqa: E402
 from solver.planning.spec import load_spec, parse_spec  # noqa: E402
@@ -195,18 +201,33 @@ def check(program: str, plan: str, time_limit_s: float) -> dict:
                 continue
         if planned is None:
             planned, plan = plan_spec(load_spec(path), solver="cpsat", overrides=overrides), "CP-SAT"
-    text = annotate_planned(planned)
     data = np.load(FIXTURES / f"{INPUTS.get(program, program)}.npz")
     args = tuple(jnp.asarray(data[f"in.{i}"]) for i in range(sum(k.startswith("in.") for k in data)))
     outs = [data[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in data))]
-    mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
-    compiled = compile_annotated(text, mesh, args, tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs),
-                                 planned.lowered.param_dims, planned.lowered.result_dims)
+    compiled, shardings = compile_checked(planned, args, tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs))
     got = compiled(*args)
     diff = max((float(np.max(np.abs(np.asarray(g, np.float64) - o))) if o.size else 0.0)
                for g, o in zip(got, outs))
     return {"program": program.split("/")[-1], "plan": plan, "max_abs_diff": diff,
-            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text())}
+            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text()),
+            "shardings": shardings}
+
+
+def compile_checked(planned, args, outs) -> tuple[jax.stages.Compiled, dict]:
+    """The plan's annotated module compiled by XLA for its mesh, and whether
+    XLA kept the plan's shardings (`solver.frontend.hlo_shardings`: the
+    module Shardy's propagation hands the SPMD partitioner, dumped by XLA
+    for this compilation only)."""
+    axes = planned.sharding.mesh.axes
+    text = annotate_planned(planned)
+    lowered = planned.lowered
+    with tempfile.TemporaryDirectory(prefix="xla-plan-check-") as folder:
+        options = {"xla_dump_to": folder, "xla_dump_hlo_pass_re": "shardy-xla", "xla_dump_hlo_as_text": True}
+        compiled = compile_annotated(text, auto_mesh([s for _, s in axes], [a for a, _ in axes]), args, outs,
+                                     lowered.param_dims, lowered.result_dims, compiler_options=options)
+        kept = check_shardings(text, *dumped_modules(folder), axes, lowered.param_dims, lowered.result_dims)
+    return compiled, {"arguments": kept.arguments, "results": kept.results, "values": kept.values,
+                      "differences": [[d.value, d.planned, d.xla] for d in kept.differences]}
 
 
 def check_midsize(name: str, time_limit_s: float) -> dict:
@@ -230,11 +251,10 @@ def check_midsize(name: str, time_limit_s: float) -> dict:
     fn = planned.model.function
     args = tuple(jax.ShapeDtypeStruct(p.type.shape, JNP_DTYPES[p.type.dtype]) for p in fn.params)
     outs = tuple(jax.ShapeDtypeStruct(r.type.shape, JNP_DTYPES[r.type.dtype]) for r in fn.results)
-    mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
-    compiled = compile_annotated(annotate_planned(planned), mesh, args, outs, planned.lowered.param_dims,
-                                 planned.lowered.result_dims)
+    compiled, shardings = compile_checked(planned, args, outs)
     return {"program": name, "plan": f"CP-SAT, {fraction:.0%} memory, reused", "max_abs_diff": None,
-            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text())}
+            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text()),
+            "shardings": shardings}
 
 
 def rows(result: dict) -> list[str]:
@@ -259,14 +279,19 @@ def _diff(result: dict) -> str:
 
 
 def totals(results: list[dict]) -> str:
-    """Every kind together: the bytes XLA moves against the plan's."""
-    out = ["| program | plan | shardplan bytes | XLA bytes | XLA / plan |", "|---|---|---:|---:|---:|"]
+    """Every kind together: the bytes XLA moves against the plan's; and the
+    shardings XLA kept as planned (agree / compared), then those it did not."""
+    out = ["| program | plan | shardplan bytes | XLA bytes | XLA / plan | arguments as planned | results as planned "
+           "| values as planned |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         ours = sum(v["bytes"] for v in r["shardplan"].values())
         xla = sum(v["bytes"] for v in r["xla"].values())
         ratio = f"{xla / ours:.3f}" if ours else ("-" if not xla else "inf")
-        out.append(f"| {r['program']} | {r['plan']} | {ours:,} | {xla:,} | {ratio} |")
-    return "\n".join(out)
+        kept = " | ".join(f"{a:,} / {n:,}" for a, n in (r["shardings"][k] for k in ("arguments", "results", "values")))
+        out.append(f"| {r['program']} | {r['plan']} | {ours:,} | {xla:,} | {ratio} | {kept} |")
+    differ = [f"- {r['program']}, {r['plan']}: {value} planned `{planned}`, XLA `{xla}`"
+              for r in results for value, planned, xla in r["shardings"]["differences"]]
+    return "\n".join(out + ["", "Shardings XLA did not keep: " + ("none." if not differ else "")] + differ)
 
 
 def table(results: list[dict]) -> str:
