@@ -10,7 +10,8 @@ and compare XLA's collectives with shardplan's, kind by kind.
 Needs jax (the `jax` extra), not the libraries the fixtures came from: the
 module text and the .npz inputs are committed. Figures per fixture and plan
 (`BP`: the spec's batch-parallel schedule, `EP` for moe_train_ep, the same
-flax MoE step on a mesh with an expert axis; `CP-SAT`: `--solver cpsat` on
+flax MoE step on a mesh with an expert axis, and for moe_grouped_train_ep,
+the MoE routed in GShard's groups, its experts' inputs moved by all_to_all; `CP-SAT`: `--solver cpsat` on
 the spec's A100 figures with 75% (else 90%) of the replicated program's
 peak memory, see `tight_spec`):
   ops        shardplan's collectives of the kind in the device-local program;
@@ -66,10 +67,11 @@ from solver.search.report import NoPlanFits  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",
             "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode", "real/moe_train",
-            "real/multisteps_train", "real/cond_train", "real/moe_train_ep"]
+            "real/multisteps_train", "real/cond_train", "real/moe_train_ep", "real/moe_grouped_train",
+            "real/moe_grouped_train_ep"]
 # The named schedule each program is planned with besides CP-SAT (default BP) and the fixture whose inputs it runs.
-NAMED = {"real/moe_train_ep": "EP"}
-INPUTS = {"real/moe_train_ep": "real/moe_train"}
+NAMED = {"real/moe_train_ep": "EP", "real/moe_grouped_train_ep": "EP"}
+INPUTS = {"real/moe_train_ep": "real/moe_train", "real/moe_grouped_train_ep": "real/moe_grouped_train"}
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 DOC = ROOT / "docs" / "xla_comparison.md"
 MEMORY_FRACTIONS = (0.75, 0.9)  # of the replicated peak, for the CP-SAT plans (see tight_spec)
@@ -90,6 +92,7 @@ GLU = ("under Megatron-style sharding (heads and the MLP's hidden over model) th
        "sums its projections' cotangents, each partial over model: shardplan adds them and all-reduces once per "
        "block, XLA all-reduces each term at its dot")
 MID, MID_PLAN = "llama_500m", "CP-SAT, 25% memory, reused"
+GEP = "moe_grouped_train_ep"
 NOTES: dict[tuple[str, str, str], str] = {
     ("gpt2_train", "BP", "all_reduce"): TIED,
     ("gpt2_dropout_train", "BP", "all_reduce"): TIED,
@@ -125,6 +128,26 @@ NOTES: dict[tuple[str, str, str], str] = {
     "does not split a TopK along the tokens (moe_train's BP row). The choices' gather over batch, for the capacity's "
     "cumulative sum, is the planned one; no all_to_all on either side (the capacity is the whole batch's, so the "
     "experts' inputs are a contraction over the tokens: all-reduced over batch, not moved)",
+    ("moe_grouped_train", "BP", "all_reduce"): TIED,
+    ("moe_grouped_train", "BP", "all_gather"): "XLA gathers the router's probabilities whole over batch (the 8 x 16 "
+    "x 4 result of a 2 x 16 x 4 shard, 512 bytes) for its TopK, which its SPMD partitioner does not split along the "
+    "sequences (moe_train's BP row); the plan routes each device's sequences where they lie. Routed in groups, the "
+    "plan gathers nothing else: each sequence counts its own slots (moe_train gathers the choices for that)",
+    (GEP, "EP", "all_reduce"): TIED,
+    (GEP, "EP", "all_gather"): "XLA gathers the router's probabilities over all 8 devices for its TopK (256 bytes; "
+    "moe_train's BP row), and for the tokens' cotangent through the dispatch (dispatch^T . the experts' inputs' "
+    "cotangent) it gathers both operands over expert, the dispatch tensor along the groups (2,560 bytes) and the "
+    "inputs' cotangent along the experts (5,120 bytes), and computes it whole per pair: nothing left to reduce (the "
+    "reduce_scatter row). It does not gather the output's cotangent, which the plan gathers over expert (2,048 "
+    "bytes) to compute the experts' outputs' cotangent in the experts' layout (the all_to_all row)",
+    (GEP, "EP", "reduce_scatter"): "none: the plan computes the tokens' cotangent through the dispatch in the experts' "
+    "layout, partial over expert, and reduce-scatters it to the groups (4,096 bytes); XLA gathers its operands "
+    "instead (the all_gather row)",
+    (GEP, "EP", "all_to_all"): "as many bytes, other tensors: the forward's two are the plan's (the experts' inputs "
+    "swapped from the groups to the experts, their outputs swapped back: 5,120 bytes each, in two pieces, one per "
+    "expert rank); in the backward XLA computes the cotangent of the outputs as the combine reads them where the "
+    "tokens lie and moves it to the experts (GShard's backward all-to-all, 5,120 bytes), where the plan moves the "
+    "combine and dispatch tensors to the experts' layout (2 x 2,560 bytes) and computes the cotangents there",
     (MID, MID_PLAN, "all_reduce"): GLU + ": q, k and v (+2 per layer) and SwiGLU's gate and up (+1 per layer), 8 "
     "layers: +24 tensors of 16.8 MB; and the plan splits the embedding's vocabulary: XLA looks each token's row up "
     "where it lies and all-reduces the rows (+1, 16.8 MB) where shardplan gathers the table (the all_gather row), "
@@ -139,10 +162,10 @@ NOTES: dict[tuple[str, str, str], str] = {
     "is only dynamic-sliced, `solver.frontend.hlo_collectives`): 74 of the plan's 75, the same shapes; the embedding "
     "table's gradient (32,000 x 2,048, 262 MB) is not reduce-scattered: XLA moves the tokens' cotangents to the "
     "table's split instead (the all_to_all row) and scatter-adds them where the rows lie",
-    (MID, MID_PLAN, "all_to_all"): "XLA's own choice around the vocabulary-split embedding: at the lookup and at its "
-    "gradient's scatter, 2 tensors each of 8.4 MB over model (the tokens' rows and cotangents moved between the "
-    "table's vocabulary and hidden splits), where shardplan gathers the table (164 MB) and reduce-scatters its "
-    "gradient (262 MB). In all, XLA moves 0.978x the planned bytes (the totals below)",
+    (MID, MID_PLAN, "all_to_all"): "XLA's own choice around the vocabulary-split embedding: one at the lookup and one "
+    "at its gradient's scatter, each of 16.8 MB over model in two 8.4 MB pieces (the tokens' rows and cotangents "
+    "moved between the table's vocabulary and hidden splits), where shardplan gathers the table (164 MB) and "
+    "reduce-scatters its gradient (262 MB). In all, XLA moves 0.978x the planned bytes (the totals below)",
     ("cnn_train", CNN, "reduce_scatter"): "the second convolution's partial output (model-sharded input channels) "
     "is reduce-scattered onto its output channels by shardplan; XLA's CPU pipeline all-reduces it and slices "
     "(the same 32,768 operand bytes; GPU and TPU pipelines form the reduce-scatter)",
