@@ -76,3 +76,23 @@ def test_a_slice_beside_another_read_keeps_the_all_reduce():
                        "  ROOT %add.9 = f32[1024,256]{1,0} add(%multiply_add_fusion.217, %multiply_add_fusion.142)")
     got = xla_collectives(text)
     assert got["reduce_scatter"]["tensors"] == 1 and got["all_reduce"]["tensors"] == 2
+
+
+# XLA's CPU pipeline writes an all-to-all over 2 devices as one operand per peer (the experts' inputs moved
+# from the groups to the experts, moe_grouped_train_ep's EP plan): one tensor, its bytes both pieces'.
+ALL_TO_ALL = """
+HloModule snippet, entry_computation_layout={(f32[1,1,1,2,10,32]{5,4,3,2,1,0}, f32[1,1,1,2,10,32]{5,4,3,2,1,0})->(f32[1,1,1,2,10,32]{5,4,3,2,1,0}, f32[1,1,1,2,10,32]{5,4,3,2,1,0})}
+
+ENTRY %main.1 (a.1: f32[1,1,1,2,10,32], b.1: f32[1,1,1,2,10,32]) -> (f32[1,1,1,2,10,32], f32[1,1,1,2,10,32]) {
+  %bitcast_slice_fusion.4 = f32[1,1,1,2,10,32]{5,4,3,2,1,0} parameter(0)
+  %bitcast_slice_fusion.3 = f32[1,1,1,2,10,32]{5,4,3,2,1,0} parameter(1)
+  ROOT %all-to-all.3 = (f32[1,1,1,2,10,32]{5,4,3,2,1,0}, f32[1,1,1,2,10,32]{5,4,3,2,1,0}) all-to-all(%bitcast_slice_fusion.4, %bitcast_slice_fusion.3), channel_id=2, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2,'axis_3'=1,'axis_4'=1] {'axis_2'}, metadata={op_name="transpose.16"}
+}
+"""
+
+
+def test_an_all_to_all_in_pieces_is_one_tensor():
+    assert xla_collectives(ALL_TO_ALL) == {"all_to_all": {"ops": 1, "tensors": 1, "bytes": 2 * 2 * 10 * 32 * 4}}
+    # With a split dimension, each operand is a tensor of its own.
+    split = ALL_TO_ALL.replace("channel_id=2,", "channel_id=2, dimensions={3},")
+    assert xla_collectives(split)["all_to_all"]["tensors"] == 2

@@ -22,7 +22,7 @@ from solver.planning.spec import load_spec
 
 REAL = ROOT / "tests" / "fixtures" / "real"
 NAMES = ["gpt2_train", "gpt2_dropout_train", "llama_train", "gemma_train", "cnn_train", "mlp_train_flax",
-         "scan_train", "gpt2_decode", "moe_train", "multisteps_train", "cond_train"]
+         "scan_train", "gpt2_decode", "moe_train", "multisteps_train", "cond_train", "moe_grouped_train"]
 TRAINING = [n for n in NAMES if n != "gpt2_decode"]
 
 
@@ -83,14 +83,14 @@ def test_batch_parallel_plan_executes_like_the_global_program(name):
     expected = spec.expectations()["BP"].counts()
     assert {k: counts.get(k, 0) for k in expected} == expected
     params = [p for p in planned.model.params if p.startswith("params.")]
-    if name not in ("cnn_train", "scan_train", "gpt2_decode", "moe_train"):
+    if name not in ("cnn_train", "scan_train", "gpt2_decode", "moe_train", "moe_grouped_train"):
         assert counts["all_reduce"] == len(params) + 1 == len(planned.model.params) + 1
 
 
 def test_check_passes_on_the_real_fixtures(capsys):
     code, out, _ = shardplan(capsys, "check", REAL)
     assert code == 0, out
-    specs = len(NAMES) + 1  # and moe_train_ep.yaml
+    specs = len(NAMES) + 2  # and the expert-parallel moe_train_ep.yaml, moe_grouped_train_ep.yaml
     assert f"{specs} of {specs} schedule(s) in {specs} spec(s) as expected" in out
 
 
@@ -105,6 +105,21 @@ def test_expert_parallel_moe_executes_like_the_global_program():
     counts = collective_counts(planned.lowered)
     assert {k: counts.get(k, 0) for k in ("all_reduce", "all_gather", "all_slice")} == {
         "all_reduce": 18, "all_gather": 3, "all_slice": 3}
+
+
+def test_gshard_expert_parallel_moe_moves_the_experts_inputs_with_all_to_all():
+    """moe_grouped_train_ep.yaml: the MoE routed in groups (each sequence its own capacity), the sequences over
+    batch x expert and the experts' weights over expert, the routing kept whole on expert (`replicate`): the
+    experts' inputs go to the experts and their outputs come back with all_to_all (GShard)."""
+    spec = load_spec(REAL / "moe_grouped_train_ep.yaml")
+    planned = plan_spec(spec, schedule="EP", prepared=prepare(spec))
+    fn = planned.model.function
+    assert planned.sharding.def_dims(planned.nda, fn.param("params.moe.w_in"))[0] == ("expert",)
+    assert planned.sharding.def_dims(planned.nda, fn.param("batch.input_ids"))[0] == ("batch", "expert")
+    assert_executes_like_the_global_program("moe_grouped_train", planned.model, planned.lowered)
+    counts = collective_counts(planned.lowered)
+    assert {k: v for k, v in counts.items() if v} == {"all_reduce": 11, "all_to_all": 4, "all_gather": 1,
+                                                       "reduce_scatter": 1}
 
 
 @pytest.mark.parametrize("name", NAMES)

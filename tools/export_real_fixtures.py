@@ -245,39 +245,68 @@ def cond_train():
     return train_step(loss_fn), args
 
 
+def route(probs, top: int, capacity: int):
+    """GShard's routing of one group's tokens by their probabilities [tokens,
+    experts]: each token's `top` experts (`lax.top_k`), a slot of an
+    expert's capacity in order (first choices, then second ones, in token
+    order; tokens past it are dropped). The one-hot choices [tokens, top,
+    experts] and the dispatch and combine tensors [tokens, experts, capacity]."""
+    tokens, experts = probs.shape
+    weights, chosen = jax.lax.top_k(probs, top)  # [tokens, top]
+    weights = weights / weights.sum(-1, keepdims=True)
+    mask = jax.nn.one_hot(chosen, experts)  # [tokens, top, experts]
+    order = mask.transpose(1, 0, 2).reshape(top * tokens, experts)
+    slot = (jnp.cumsum(order, axis=0) - 1).reshape(top, tokens, experts).transpose(1, 0, 2)
+    kept = mask * (slot < capacity)
+    slots = jax.nn.one_hot(slot, capacity) * kept[..., None]  # [tokens, top, experts, capacity]
+    return mask, slots.sum(1), (weights[..., None, None] * slots).sum(1)
+
+
 class MoE(nn.Module):
     """A mixture-of-experts MLP as GShard writes it: a router's top-2
-    experts per token (`lax.top_k`), each token given a slot of an
-    expert's capacity in order (tokens past it are dropped), one-hot
-    dispatch and combine tensors, the experts' MLPs as batched einsums,
-    and the router's load-balancing loss (returned beside the output)."""
+    experts per token, routed with a capacity (`route`), one-hot dispatch
+    and combine tensors, the experts' MLPs as batched einsums, and the
+    router's load-balancing loss (returned beside the output)."""
 
     experts: int = 4
     top: int = 2
     hidden: int = 64
     capacity_factor: float = 1.25
 
+    def weights(self, d: int):
+        return (self.param("w_in", nn.initializers.lecun_normal(), (self.experts, d, self.hidden)),
+                self.param("w_out", nn.initializers.lecun_normal(), (self.experts, self.hidden, d)))
+
     @nn.compact
     def __call__(self, x):
         tokens, d = x.shape
         capacity = int(self.capacity_factor * tokens * self.top / self.experts)
         probs = jax.nn.softmax(nn.Dense(self.experts, use_bias=False, name="router")(x))
-        weights, chosen = jax.lax.top_k(probs, self.top)  # [tokens, top]
-        weights = weights / weights.sum(-1, keepdims=True)
-        mask = jax.nn.one_hot(chosen, self.experts)  # [tokens, top, experts]
-        # A token's slot in an expert: its first choices, then its second, in token order.
-        order = mask.transpose(1, 0, 2).reshape(self.top * tokens, self.experts)
-        slot = (jnp.cumsum(order, axis=0) - 1).reshape(self.top, tokens, self.experts).transpose(1, 0, 2)
-        kept = mask * (slot < capacity)
-        slots = jax.nn.one_hot(slot, capacity) * kept[..., None]  # [tokens, top, experts, capacity]
-        dispatch = slots.sum(1)
-        combine = (weights[..., None, None] * slots).sum(1)
-        w_in = self.param("w_in", nn.initializers.lecun_normal(), (self.experts, d, self.hidden))
-        w_out = self.param("w_out", nn.initializers.lecun_normal(), (self.experts, self.hidden, d))
+        mask, dispatch, combine = route(probs, self.top, capacity)
+        w_in, w_out = self.weights(d)
         inputs = jnp.einsum("tec,td->ecd", dispatch, x)
         outputs = jnp.einsum("ech,ehd->ecd", nn.gelu(jnp.einsum("ecd,edh->ech", inputs, w_in)), w_out)
         balance = self.experts * jnp.sum(mask[:, 0].mean(0) * probs.mean(0))
         return jnp.einsum("tec,ecd->td", combine, outputs), balance
+
+
+class GroupedMoE(MoE):
+    """The MoE on groups of tokens [groups, tokens, d] (GShard's: each
+    sequence routed alone, its own capacity), written as flaxformer writes
+    it: the experts' inputs swapped to [experts, groups, capacity, d] for
+    the experts' MLPs and their outputs swapped back for the combine."""
+
+    @nn.compact
+    def __call__(self, x):
+        groups, tokens, d = x.shape
+        capacity = int(self.capacity_factor * tokens * self.top / self.experts)
+        probs = jax.nn.softmax(nn.Dense(self.experts, use_bias=False, name="router")(x))
+        mask, dispatch, combine = jax.vmap(lambda p: route(p, self.top, capacity))(probs)
+        w_in, w_out = self.weights(d)
+        inputs = jnp.einsum("gtec,gtd->gecd", dispatch, x).swapaxes(0, 1)
+        outputs = jnp.einsum("egch,ehd->egcd", nn.gelu(jnp.einsum("egcd,edh->egch", inputs, w_in)), w_out)
+        balance = self.experts * jnp.sum(mask[:, :, 0].mean((0, 1)) * probs.mean((0, 1)))
+        return jnp.einsum("gtec,gecd->gtd", combine, outputs.swapaxes(0, 1)), balance
 
 
 class MoELM(nn.Module):
@@ -293,8 +322,23 @@ class MoELM(nn.Module):
         return embed.attend(nn.LayerNorm()(x)), balance
 
 
-def moe_train():
-    model = MoELM()
+class GroupedMoELM(nn.Module):
+    """MoELM with the MoE on groups: each sequence a group."""
+
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(VOCAB, 32)
+        x = embed(ids)
+        moe, balance = GroupedMoE(name="moe")(nn.LayerNorm()(x))
+        return embed.attend(nn.LayerNorm()(x + moe)), balance
+
+
+def moe_grouped_train():
+    return moe_train(GroupedMoELM())
+
+
+def moe_train(model: nn.Module | None = None):
+    model = model or MoELM()
     ids = tokens(6)
     params = model.init(jax.random.key(0), ids)["params"]
 
@@ -372,7 +416,7 @@ def gpt2_decode():
 
 PROGRAMS = {f.__name__: f for f in (gpt2_train, gpt2_dropout_train, llama_train, gemma_train, cnn_train,
                                     mlp_train_flax, scan_train, gpt2_decode, moe_train, multisteps_train,
-                                    cond_train)}
+                                    cond_train, moe_grouped_train)}
 
 # Spec fields per program: which batch input the BP schedule shards, and the
 # expected all_reduce count in terms of P (trainable parameter tensors).
@@ -413,7 +457,7 @@ def bp_expectation(name: str, names: list[str]) -> tuple[int, str]:
         count = len(stacked) * ScannedLM.layers + len(params) - len(stacked) + 1
         return count, (f"S L + (P - S) + 1, S = {len(stacked)} stacked of P = {len(params)}, L = "
                        f"{ScannedLM.layers}: the unrolled scan builds a stacked gradient one layer slice at a time")
-    if name == "moe_train":
+    if name in ("moe_train", "moe_grouped_train"):
         return len(params) + 3, (f"P + 3, P = {len(params)}: one per parameter gradient, one for the loss and two for "
                                  "the load-balancing loss's means over the tokens (of the first choices and of the "
                                  "router's probabilities)")
@@ -431,6 +475,9 @@ DESCRIPTIONS = {
     "gpt2_decode": ("HF transformers FlaxGPT2LMHeadModel", "GPT-2 decoding step with a key/value cache"),
     "moe_train": ("flax.linen", "mixture-of-experts LM (4 experts, top-2 routing with lax.top_k, GShard dispatch "
                   "with capacity, load-balancing loss), training step"),
+    "moe_grouped_train": ("flax.linen", "mixture-of-experts LM as moe_train, its tokens routed in GShard's groups ("
+                          "each sequence with its own capacity; flaxformer's layout, the experts' inputs swapped to "
+                          "experts-major and back), training step"),
     "multisteps_train": ("flax.linen, optax.MultiSteps", "MLP classifier with gradient accumulation over 2 steps "
                          "(the update a lax.cond), at the step that applies it"),
     "cond_train": ("flax.linen nn.cond", "MLP whose middle layers a run-time flag chooses (flax.linen.cond), "

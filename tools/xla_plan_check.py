@@ -10,7 +10,8 @@ and compare XLA's collectives with shardplan's, kind by kind.
 Needs jax (the `jax` extra), not the libraries the fixtures came from: the
 module text and the .npz inputs are committed. Figures per fixture and plan
 (`BP`: the spec's batch-parallel schedule, `EP` for moe_train_ep, the same
-flax MoE step on a mesh with an expert axis; `CP-SAT`: `--solver cpsat` on
+flax MoE step on a mesh with an expert axis, and for moe_grouped_train_ep,
+the MoE routed in GShard's groups, its experts' inputs moved by all_to_all; `CP-SAT`: `--solver cpsat` on
 the spec's A100 figures with 75% (else 90%) of the replicated program's
 peak memory, see `tight_spec`):
   ops        shardplan's collectives of the kind in the device-local program;
@@ -19,7 +20,11 @@ peak memory, see `tight_spec`):
   bytes      the operands' bytes on one device, summed over those collectives
   max |diff| between the sharded run and jax's unsharded outputs
 A difference is explained in NOTES (below) or printed as unexplained. A table
-of every plan's bytes (all kinds together, XLA's over the plan's) follows.
+of every plan's bytes (all kinds together, XLA's over the plan's) follows,
+with the shardings XLA kept as planned (`solver.frontend.hlo_shardings`, on
+the module XLA dumps after Shardy's propagation for each compilation):
+arguments, results and constrained values of @main's body that agree, of
+those compared; the ones that do not are listed under it.
 
 Mid-size (MIDSIZE): a 0.5B HF Flax Llama, its CP-SAT plan at a quarter of
 its replicated peak memory, compiled by XLA from shapes and not run; its
@@ -38,6 +43,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,6 +58,7 @@ from costmodel.hardware import PRESETS  # noqa: E402
 from ir.lower import LowerOptions  # noqa: E402
 from ir.ops import get  # noqa: E402
 from solver.frontend.annotate import annotate_planned  # noqa: E402
+from solver.frontend.hlo_shardings import check_shardings, dumped_modules  # noqa: E402
 from solver.frontend.jax_bridge import auto_mesh, compile_annotated, xla_collectives  # noqa: E402
 from solver.planning.planner import SearchOverrides, plan_spec, prepare  # noqa: E402
 from solver.planning.spec import load_spec, parse_spec  # noqa: E402
@@ -60,10 +67,11 @@ from solver.search.report import NoPlanFits  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 PROGRAMS = ["real/gpt2_train", "real/gpt2_dropout_train", "real/llama_train", "real/gemma_train",
             "real/cnn_train", "real/mlp_train_flax", "real/scan_train", "real/gpt2_decode", "real/moe_train",
-            "real/multisteps_train", "real/cond_train", "real/moe_train_ep"]
+            "real/multisteps_train", "real/cond_train", "real/moe_train_ep", "real/moe_grouped_train",
+            "real/moe_grouped_train_ep"]
 # The named schedule each program is planned with besides CP-SAT (default BP) and the fixture whose inputs it runs.
-NAMED = {"real/moe_train_ep": "EP"}
-INPUTS = {"real/moe_train_ep": "real/moe_train"}
+NAMED = {"real/moe_train_ep": "EP", "real/moe_grouped_train_ep": "EP"}
+INPUTS = {"real/moe_train_ep": "real/moe_train", "real/moe_grouped_train_ep": "real/moe_grouped_train"}
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 DOC = ROOT / "docs" / "xla_comparison.md"
 MEMORY_FRACTIONS = (0.75, 0.9)  # of the replicated peak, for the CP-SAT plans (see tight_spec)
@@ -84,6 +92,7 @@ GLU = ("under Megatron-style sharding (heads and the MLP's hidden over model) th
        "sums its projections' cotangents, each partial over model: shardplan adds them and all-reduces once per "
        "block, XLA all-reduces each term at its dot")
 MID, MID_PLAN = "llama_500m", "CP-SAT, 25% memory, reused"
+GEP = "moe_grouped_train_ep"
 NOTES: dict[tuple[str, str, str], str] = {
     ("gpt2_train", "BP", "all_reduce"): TIED,
     ("gpt2_dropout_train", "BP", "all_reduce"): TIED,
@@ -119,6 +128,26 @@ NOTES: dict[tuple[str, str, str], str] = {
     "does not split a TopK along the tokens (moe_train's BP row). The choices' gather over batch, for the capacity's "
     "cumulative sum, is the planned one; no all_to_all on either side (the capacity is the whole batch's, so the "
     "experts' inputs are a contraction over the tokens: all-reduced over batch, not moved)",
+    ("moe_grouped_train", "BP", "all_reduce"): TIED,
+    ("moe_grouped_train", "BP", "all_gather"): "XLA gathers the router's probabilities whole over batch (the 8 x 16 "
+    "x 4 result of a 2 x 16 x 4 shard, 512 bytes) for its TopK, which its SPMD partitioner does not split along the "
+    "sequences (moe_train's BP row); the plan routes each device's sequences where they lie. Routed in groups, the "
+    "plan gathers nothing else: each sequence counts its own slots (moe_train gathers the choices for that)",
+    (GEP, "EP", "all_reduce"): TIED,
+    (GEP, "EP", "all_gather"): "XLA gathers the router's probabilities over all 8 devices for its TopK (256 bytes; "
+    "moe_train's BP row), and for the tokens' cotangent through the dispatch (dispatch^T . the experts' inputs' "
+    "cotangent) it gathers both operands over expert, the dispatch tensor along the groups (2,560 bytes) and the "
+    "inputs' cotangent along the experts (5,120 bytes), and computes it whole per pair: nothing left to reduce (the "
+    "reduce_scatter row). It does not gather the output's cotangent, which the plan gathers over expert (2,048 "
+    "bytes) to compute the experts' outputs' cotangent in the experts' layout (the all_to_all row)",
+    (GEP, "EP", "reduce_scatter"): "none: the plan computes the tokens' cotangent through the dispatch in the experts' "
+    "layout, partial over expert, and reduce-scatters it to the groups (4,096 bytes); XLA gathers its operands "
+    "instead (the all_gather row)",
+    (GEP, "EP", "all_to_all"): "as many bytes, other tensors: the forward's two are the plan's (the experts' inputs "
+    "swapped from the groups to the experts, their outputs swapped back: 5,120 bytes each, in two pieces, one per "
+    "expert rank); in the backward XLA computes the cotangent of the outputs as the combine reads them where the "
+    "tokens lie and moves it to the experts (GShard's backward all-to-all, 5,120 bytes), where the plan moves the "
+    "combine and dispatch tensors to the experts' layout (2 x 2,560 bytes) and computes the cotangents there",
     (MID, MID_PLAN, "all_reduce"): GLU + ": q, k and v (+2 per layer) and SwiGLU's gate and up (+1 per layer), 8 "
     "layers: +24 tensors of 16.8 MB; and the plan splits the embedding's vocabulary: XLA looks each token's row up "
     "where it lies and all-reduces the rows (+1, 16.8 MB) where shardplan gathers the table (the all_gather row), "
@@ -133,10 +162,10 @@ NOTES: dict[tuple[str, str, str], str] = {
     "is only dynamic-sliced, `solver.frontend.hlo_collectives`): 74 of the plan's 75, the same shapes; the embedding "
     "table's gradient (32,000 x 2,048, 262 MB) is not reduce-scattered: XLA moves the tokens' cotangents to the "
     "table's split instead (the all_to_all row) and scatter-adds them where the rows lie",
-    (MID, MID_PLAN, "all_to_all"): "XLA's own choice around the vocabulary-split embedding: at the lookup and at its "
-    "gradient's scatter, 2 tensors each of 8.4 MB over model (the tokens' rows and cotangents moved between the "
-    "table's vocabulary and hidden splits), where shardplan gathers the table (164 MB) and reduce-scatters its "
-    "gradient (262 MB). In all, XLA moves 0.978x the planned bytes (the totals below)",
+    (MID, MID_PLAN, "all_to_all"): "XLA's own choice around the vocabulary-split embedding: one at the lookup and one "
+    "at its gradient's scatter, each of 16.8 MB over model in two 8.4 MB pieces (the tokens' rows and cotangents "
+    "moved between the table's vocabulary and hidden splits), where shardplan gathers the table (164 MB) and "
+    "reduce-scatters its gradient (262 MB). In all, XLA moves 0.978x the planned bytes (the totals below)",
     ("cnn_train", CNN, "reduce_scatter"): "the second convolution's partial output (model-sharded input channels) "
     "is reduce-scattered onto its output channels by shardplan; XLA's CPU pipeline all-reduces it and slices "
     "(the same 32,768 operand bytes; GPU and TPU pipelines form the reduce-scatter)",
@@ -195,18 +224,33 @@ def check(program: str, plan: str, time_limit_s: float) -> dict:
                 continue
         if planned is None:
             planned, plan = plan_spec(load_spec(path), solver="cpsat", overrides=overrides), "CP-SAT"
-    text = annotate_planned(planned)
     data = np.load(FIXTURES / f"{INPUTS.get(program, program)}.npz")
     args = tuple(jnp.asarray(data[f"in.{i}"]) for i in range(sum(k.startswith("in.") for k in data)))
     outs = [data[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in data))]
-    mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
-    compiled = compile_annotated(text, mesh, args, tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs),
-                                 planned.lowered.param_dims, planned.lowered.result_dims)
+    compiled, shardings = compile_checked(planned, args, tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs))
     got = compiled(*args)
     diff = max((float(np.max(np.abs(np.asarray(g, np.float64) - o))) if o.size else 0.0)
                for g, o in zip(got, outs))
     return {"program": program.split("/")[-1], "plan": plan, "max_abs_diff": diff,
-            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text())}
+            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text()),
+            "shardings": shardings}
+
+
+def compile_checked(planned, args, outs) -> tuple[jax.stages.Compiled, dict]:
+    """The plan's annotated module compiled by XLA for its mesh, and whether
+    XLA kept the plan's shardings (`solver.frontend.hlo_shardings`: the
+    module Shardy's propagation hands the SPMD partitioner, dumped by XLA
+    for this compilation only)."""
+    axes = planned.sharding.mesh.axes
+    text = annotate_planned(planned)
+    lowered = planned.lowered
+    with tempfile.TemporaryDirectory(prefix="xla-plan-check-") as folder:
+        options = {"xla_dump_to": folder, "xla_dump_hlo_pass_re": "shardy-xla", "xla_dump_hlo_as_text": True}
+        compiled = compile_annotated(text, auto_mesh([s for _, s in axes], [a for a, _ in axes]), args, outs,
+                                     lowered.param_dims, lowered.result_dims, compiler_options=options)
+        kept = check_shardings(text, *dumped_modules(folder), axes, lowered.param_dims, lowered.result_dims)
+    return compiled, {"arguments": kept.arguments, "results": kept.results, "values": kept.values,
+                      "differences": [[d.value, d.planned, d.xla] for d in kept.differences]}
 
 
 def check_midsize(name: str, time_limit_s: float) -> dict:
@@ -230,11 +274,10 @@ def check_midsize(name: str, time_limit_s: float) -> dict:
     fn = planned.model.function
     args = tuple(jax.ShapeDtypeStruct(p.type.shape, JNP_DTYPES[p.type.dtype]) for p in fn.params)
     outs = tuple(jax.ShapeDtypeStruct(r.type.shape, JNP_DTYPES[r.type.dtype]) for r in fn.results)
-    mesh = auto_mesh([s for _, s in planned.sharding.mesh.axes], [a for a, _ in planned.sharding.mesh.axes])
-    compiled = compile_annotated(annotate_planned(planned), mesh, args, outs, planned.lowered.param_dims,
-                                 planned.lowered.result_dims)
+    compiled, shardings = compile_checked(planned, args, outs)
     return {"program": name, "plan": f"CP-SAT, {fraction:.0%} memory, reused", "max_abs_diff": None,
-            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text())}
+            "shardplan": shardplan_collectives(planned.lowered), "xla": xla_collectives(compiled.as_text()),
+            "shardings": shardings}
 
 
 def rows(result: dict) -> list[str]:
@@ -259,14 +302,19 @@ def _diff(result: dict) -> str:
 
 
 def totals(results: list[dict]) -> str:
-    """Every kind together: the bytes XLA moves against the plan's."""
-    out = ["| program | plan | shardplan bytes | XLA bytes | XLA / plan |", "|---|---|---:|---:|---:|"]
+    """Every kind together: the bytes XLA moves against the plan's; and the
+    shardings XLA kept as planned (agree / compared), then those it did not."""
+    out = ["| program | plan | shardplan bytes | XLA bytes | XLA / plan | arguments as planned | results as planned "
+           "| values as planned |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         ours = sum(v["bytes"] for v in r["shardplan"].values())
         xla = sum(v["bytes"] for v in r["xla"].values())
         ratio = f"{xla / ours:.3f}" if ours else ("-" if not xla else "inf")
-        out.append(f"| {r['program']} | {r['plan']} | {ours:,} | {xla:,} | {ratio} |")
-    return "\n".join(out)
+        kept = " | ".join(f"{a:,} / {n:,}" for a, n in (r["shardings"][k] for k in ("arguments", "results", "values")))
+        out.append(f"| {r['program']} | {r['plan']} | {ours:,} | {xla:,} | {ratio} | {kept} |")
+    differ = [f"- {r['program']}, {r['plan']}: {value} planned `{planned}`, XLA `{xla}`"
+              for r in results for value, planned, xla in r["shardings"]["differences"]]
+    return "\n".join(out + ["", "Shardings XLA did not keep: " + ("none." if not differ else "")] + differ)
 
 
 def table(results: list[dict]) -> str:

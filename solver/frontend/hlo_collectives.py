@@ -25,7 +25,8 @@ HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 
 def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
     """Per collective kind in compiled HLO text, as executed once: the ops,
     the tensors they move (XLA combines several all-reduces into one op of
-    a tuple, so tensors is the figure to compare with shardplan's op count)
+    a tuple, so tensors is the figure to compare with shardplan's op count;
+    an all-to-all of one operand per peer is one tensor cut in pieces)
     and the bytes of those operands on one device. A collective inside a
     while loop's body counts once per trip (XLA keeps a scanned layer
     stack as a loop; its `known_trip_count` says how many). An all-reduced
@@ -50,7 +51,10 @@ def xla_collectives(hlo: str) -> dict[str, dict[str, int]]:
             operands = re.findall(r"%([\w.\-]+)", m.group(4))
             kind = XLA_KINDS[m.group(3)]
             if kind != "all_reduce":
-                add(kind, 1, len(operands), sum(shapes.get(o, 0) for o in operands), trips[name])
+                # An all-to-all of several operands and no split dimension is one tensor cut into one piece
+                # per peer (XLA's CPU pipeline writes them so), not several tensors.
+                pieces = kind == "all_to_all" and "dimensions=" not in line
+                add(kind, 1, 1 if pieces else len(operands), sum(shapes.get(o, 0) for o in operands), trips[name])
                 continue
             # An all-reduce's operands are shaped like its result (element by element for a tuple).
             elements = _tuple_types(m.group(2))

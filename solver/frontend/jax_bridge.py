@@ -54,11 +54,14 @@ def partition_spec(dims: Sequence[Sequence[str]]) -> P:
 
 def compile_annotated(text: str, mesh: jax.sharding.Mesh, args: Any, out_shapes: Any,
                       in_dims: Sequence[Sequence[Sequence[str]]],
-                      out_dims: Sequence[Sequence[Sequence[str]]]) -> jax.stages.Compiled:
+                      out_dims: Sequence[Sequence[Sequence[str]]],
+                      compiler_options: Mapping[str, Any] | None = None) -> jax.stages.Compiled:
     """Compile an annotated module (`solver.frontend.annotate`) whose @main takes the
     leaves of `args` and returns the leaves of `out_shapes` (pytrees of
     arrays or ShapeDtypeStructs), sharded per dimension as `in_dims` and
     `out_dims` say. The result is called like a jitted function of `args`.
+    `compiler_options`: XLA debug options for this compilation only (e.g.
+    `{"xla_dump_to": folder}`, which `hlo_shardings` reads).
 
     jax has no public way to compile a module text, so a stand-in function
     with the same signature and shardings is lowered, and its module is
@@ -77,7 +80,7 @@ def compile_annotated(text: str, mesh: jax.sharding.Mesh, args: Any, out_shapes:
                       keep_unused=True).lower(*shapes)
     with lowered._lowering._hlo.context:  # noqa: SLF001 - see the docstring
         lowered._lowering._hlo = mlir_ir.Module.parse(text)  # noqa: SLF001
-    return lowered.compile()
+    return lowered.compile(dict(compiler_options or {}))
 
 
 @dataclasses.dataclass
