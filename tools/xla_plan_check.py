@@ -207,6 +207,19 @@ def tight_spec(path: pathlib.Path, fraction: float):
     return parse_spec(text, str(path))
 
 
+def tightest_plan(path: pathlib.Path, fractions, overrides: SearchOverrides,
+                  options: LowerOptions | None = None) -> tuple | None:
+    """CP-SAT's plan under the tightest of `fractions` of the replicated peak
+    that it fits (`tight_spec`), and that fraction; None if none fits.
+    (Memory-tight search itself is issue 27's.)"""
+    for fraction in fractions:
+        try:
+            return plan_spec(tight_spec(path, fraction), solver="cpsat", overrides=overrides, options=options), fraction
+        except NoPlanFits:
+            continue
+    return None
+
+
 def check(program: str, plan: str, time_limit_s: float) -> dict:
     path = FIXTURES / f"{program}.yaml"
     overrides = SearchOverrides(time_limit_s=time_limit_s)
@@ -214,16 +227,12 @@ def check(program: str, plan: str, time_limit_s: float) -> dict:
         plan = NAMED.get(program, "BP")
         planned = plan_spec(load_spec(path), schedule=plan)
     else:
-        planned = None
-        for fraction in MEMORY_FRACTIONS:  # the tightest that CP-SAT fits (memory-tight search is issue 27's)
-            try:
-                planned = plan_spec(tight_spec(path, fraction), solver="cpsat", overrides=overrides)
-                plan = f"CP-SAT, {fraction:.0%} memory"
-                break
-            except NoPlanFits:
-                continue
-        if planned is None:
+        tightest = tightest_plan(path, MEMORY_FRACTIONS, overrides)
+        if tightest is None:
             planned, plan = plan_spec(load_spec(path), solver="cpsat", overrides=overrides), "CP-SAT"
+        else:
+            planned, fraction = tightest
+            plan = f"CP-SAT, {fraction:.0%} memory"
     data = np.load(FIXTURES / f"{INPUTS.get(program, program)}.npz")
     args = tuple(jnp.asarray(data[f"in.{i}"]) for i in range(sum(k.startswith("in.") for k in data)))
     outs = [data[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in data))]
@@ -262,15 +271,10 @@ def check_midsize(name: str, time_limit_s: float) -> dict:
     prices), which here is 57 gathers and 222 MB more than XLA moves."""
     path = MIDSIZE[name]
     overrides = SearchOverrides(time_limit_s=time_limit_s)
-    for fraction in MIDSIZE_FRACTIONS:
-        try:
-            planned = plan_spec(tight_spec(path, fraction), solver="cpsat", overrides=overrides,
-                                options=LowerOptions(reuse_resharded=True))
-            break
-        except NoPlanFits:
-            continue
-    else:
+    tightest = tightest_plan(path, MIDSIZE_FRACTIONS, overrides, LowerOptions(reuse_resharded=True))
+    if tightest is None:
         raise SystemExit(f"{path}: no CP-SAT plan fits {MIDSIZE_FRACTIONS[-1]:.0%} of the replicated peak")
+    planned, fraction = tightest
     fn = planned.model.function
     args = tuple(jax.ShapeDtypeStruct(p.type.shape, JNP_DTYPES[p.type.dtype]) for p in fn.params)
     outs = tuple(jax.ShapeDtypeStruct(r.type.shape, JNP_DTYPES[r.type.dtype]) for r in fn.results)
