@@ -85,9 +85,6 @@ class CostTable:
         microbatches (`repeats_per_microbatch`); None: once, as written."""
         if nda.function is not fn:
             raise IRError("the NDA was computed for a different function")
-        for op in fn.ops:
-            if ops.get(op.kind).is_collective or len(op.results) != 1:
-                raise IRError(f"{op.describe()}: the cost table needs a global program of single-result ops")
         self.fn, self.nda, self.mesh, self.hardware = fn, nda, mesh, hardware
         self.axis_tuples = axis_tuples(mesh)
         self.code_of = {t: c for c, t in enumerate(self.axis_tuples)}
@@ -101,6 +98,9 @@ class CostTable:
         # mesh search builds one per searched mesh): read-only once made (`_program_index`).
         index = _INDEXES.find((fn, nda), None)
         if index is None:
+            for op in fn.ops:
+                if ops.get(op.kind).is_collective or len(op.results) != 1:
+                    raise IRError(f"{op.describe()}: the cost table needs a global program of single-result ops")
             index = self._program_index()
             _INDEXES.put((fn, nda), None, index)
         vars(self).update(index)
@@ -115,7 +115,7 @@ class CostTable:
             raise NotImplementedError(f"the cost table keeps a partial sum's pending axes in a byte: "
                                       f"{len(mesh.axes)} mesh axes are more than 8")
         self.code_dtype = np.min_scalar_type(len(self.axis_tuples) - 1)
-        self.kernels = FusedKernels(self, self.kernel_structure)
+        self.kernels = FusedKernels(self, self.kernel_structure, self.kernel_layouts)
         if len(self.axis_tuples) ** self.def_ic.shape[1] >= _KEY_LIMIT:
             raise NotImplementedError(f"the cost table packs a tensor's sharding into one integer: a mesh of "
                                       f"{len(mesh.axes)} axes with tensors of rank {self.def_ic.shape[1]} is too large")
@@ -142,6 +142,7 @@ class CostTable:
         # (or with several uses) it is reduced, which `communication` finds.
         self.can_flow = [op.kind in FLOWING_KINDS for op in fn.ops]
         self.kernel_structure = kernel_structure(self)
+        self.kernel_layouts: dict[int, dict[str, Any]] = {}  # `FusedKernels`: filled by the tables made
         # Ops a kernel fuses are priced with it, not alone.
         fused = self.kernel_structure[0]
         self.op_groups = [(count, members[keep], factors[keep]) for count, members, factors in self.op_groups

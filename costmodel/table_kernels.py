@@ -111,12 +111,28 @@ def kernel_structure(table: Any) -> tuple[np.ndarray, list[_Kernel]]:
 class FusedKernels:
     """The global program's kernels of several ops, for one CostTable."""
 
-    def __init__(self, table: Any, structure: tuple[np.ndarray, list[_Kernel]]) -> None:
+    def __init__(self, table: Any, structure: tuple[np.ndarray, list[_Kernel]],
+                 layouts: dict[int, dict[str, Any]] | None = None) -> None:
         """`table` is the `costmodel.table.CostTable` these kernels belong to,
-        `structure` its program's `kernel_structure`."""
-        t = self.t = table
+        `structure` its program's `kernel_structure`; `layouts`: the arrays
+        below by the count of codes (they follow from the program and that
+        count alone), shared by the program's tables on other meshes of as
+        many axes (a mesh screen makes one per mesh)."""
+        self.t = table
         self.fused, self.kernels = structure
-        self.base = max(len(t.axis_tuples), 2)
+        self.base = max(len(table.axis_tuples), 2)
+        layout = None if layouts is None else layouts.get(self.base)
+        if layout is None:
+            layout = self._layout()
+            if layouts is not None:
+                layouts[self.base] = layout
+        vars(self).update(layout)
+        self._cut_memo: dict[tuple, tuple] = {}  # `_cut_term`
+        self._memo: dict[tuple, tuple[float, int]] = {}
+
+    def _layout(self) -> dict[str, Any]:
+        """The kernels' arrays for this count of codes (`__init__`)."""
+        before = set(vars(self))
         self.chunk = 1
         while _MAX_CHUNKS * (len(self.kernels) + 1) * self.base ** (self.chunk + 1) < _KEY_LIMIT:
             self.chunk += 1
@@ -140,8 +156,7 @@ class FusedKernels:
         # position, so sorted links list the cut kernels in order, each one's positions ascending.
         self.link_kernel = np.array([k for k, _ in at], dtype=np.int64)
         self.link_position = np.array([n for _, n in at], dtype=np.int64)
-        self._cut_memo: dict[tuple, tuple] = {}  # `_cut_term`
-        self._memo: dict[tuple, tuple[float, int]] = {}
+        return {name: value for name, value in vars(self).items() if name not in before}
 
     # ------------------------------------------------------------ evaluation
 

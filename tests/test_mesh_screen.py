@@ -192,6 +192,7 @@ def test_a_mesh_is_not_screened_again_with_the_plan_it_was_screened_with(tmp_pat
     data = yaml.safe_load(GPT)
     run = meshes._Meshes(str(path), data, "cpsat", None, None, meshes.SILENT,
                          meshes._distinct(data, candidate_meshes(data, str(path)), str(path)))
+    run.searched = len(run.meshes)  # every mesh priced (none left out by its bound: tested below)
     screens = {}
     run._screen(screens)
     # The published split searched on one mesh: its answer is the schedule's own plan.
@@ -204,9 +205,9 @@ def test_a_mesh_is_not_screened_again_with_the_plan_it_was_screened_with(tmp_pat
     import solver.planning.mesh_screen as mesh_screen
 
     priced = []
-    real = mesh_screen.screen_mesh
-    monkeypatch.setattr(mesh_screen, "screen_mesh", lambda spec, *a, **kw: priced.append(spec.sharding_mesh())
-                        or real(spec, *a, **kw))
+    real, priced_with = mesh_screen.screen_mesh, mesh_screen._priced
+    monkeypatch.setattr(mesh_screen, "_priced", lambda spec, *a, **kw: priced.append(spec.sharding_mesh())
+                        or priced_with(spec, *a, **kw))
     run._screen(screens, again=True)
     skipped = [m for m, s in run.meshes if m in first and s.sharding_mesh() not in priced]
     assert skipped and len(skipped) + len(priced) == len(first)
@@ -291,3 +292,56 @@ def _floor_reads_the_screen(search, monkeypatch, stages) -> None:
         again = planner.plan_spec(t.planned.spec, "cpsat", whole=False, known=known)
         assert again.plan == t.planned.plan
         assert bool(named & set(priced)) == expected
+
+
+ACCUMULATING = GPT.replace("mesh: {pipeline: auto, data: auto, model: auto}", "mesh: {data: auto, model: auto}")
+
+
+@pytest.mark.parametrize("text, kind", [(GPT, "pipeline"), (ACCUMULATING, "accumulation"),
+                                        (ACCUMULATING.replace("microbatches: auto\n", ""), "one step")])
+def test_a_meshs_bound_is_at_most_the_price_of_each_plan_it_screens(tmp_path, text, kind):
+    """`screen_bound` of each plan alone, on every candidate mesh, is at most
+    the plan's screened price: a pipeline's (1F1B, the most microbatches),
+    gradient accumulation's (one microbatch and the most), and where the
+    step runs once without a pipeline, the price itself."""
+    import solver.planning.mesh_screen as mesh_screen
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text(text)
+    data = yaml.safe_load(text)
+    built, compared = {}, 0
+    for mesh in candidate_meshes(data, str(path)):
+        spec = mesh_spec(data, mesh, str(path))
+        for plan in mesh_screen._plans(spec, built, prepare, None, True):
+            screened = mesh_screen._priced(spec, built, [plan], None)
+            if screened.step_time_s is None:
+                continue
+            bound = mesh_screen.screen_bound(spec, built, [plan])
+            assert 0 < bound <= screened.step_time_s * (1 + 1e-12), (mesh, plan[0])
+            if kind == "one step":
+                assert bound == pytest.approx(screened.step_time_s, rel=1e-9)
+            if kind == "pipeline" and spec.stages > 1 or kind == "accumulation" and screened.microbatches > 1:
+                assert bound < screened.step_time_s  # the bubble, the repeated reads: never the price itself
+            compared += 1
+    assert compared >= 5
+
+
+def test_meshes_left_unpriced_by_their_bound_change_nothing_searched(tmp_path, monkeypatch):
+    """The search with bounds searches the meshes the search without them
+    does, with the same answers; each mesh it left unpriced prices (without
+    bounds) at least its bound."""
+    import solver.planning.mesh_screen as mesh_screen
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text(GPT)
+    bounded = plan_meshes(path, "cpsat", searched=2)
+    monkeypatch.setattr(mesh_screen, "screen_bound", lambda *a: 0.0)
+    priced = plan_meshes(path, "cpsat", searched=2)
+    left = [t for t in bounded.tried if t.screened is not None and t.screened.bound_s is not None]
+    assert left and all(t.message.startswith("not priced: at least ") for t in left)
+    assert [(t.mesh, t.searched, t.step_time_s) for t in bounded.tried] == \
+        [(t.mesh, t.searched, t.step_time_s) for t in priced.tried]
+    assert bounded.best.plan == priced.best.plan
+    for t in left:
+        again = next(p for p in priced.tried if p.mesh == t.mesh).screened
+        assert again.step_time_s is None or again.step_time_s >= t.screened.bound_s

@@ -25,6 +25,26 @@ screened price of a mesh is its fastest plan that fits; the meshes are then sear
 fitting first (`meshes.plan_meshes`). A mesh is judged by plans it already
 has, so a mesh that only a searched plan makes fast can rank low: the
 count searched (`--search-meshes`) trades time for that risk.
+
+Bounds. Only the best few screens are searched, and at a thousand devices
+half the meshes screen at 3x to 80x the best (a tensor axis across nodes)
+after a second or more of lowering each. So each mesh is first given a
+lower bound of what its plans can screen at (`screen_bound`, a cost-table
+evaluation: milliseconds), the meshes are priced in the order of their
+bounds, `ROUND` at a time, and a mesh whose bound exceeds the `keep`-th
+best fitting price so far is not priced at all: its price could only rank
+after those, so the meshes searched, and the answer, are the same
+(tests/test_mesh_screen.py checks the bound against every screened price
+and the search against one without bounds). The rounds are a fixed size,
+so the screens priced do not depend on the processes that price them.
+The bound: a pipeline's (or gradient accumulation's) step is at least its
+busiest stage's tasks, each a lowered program whose time is its compute
+plus its collectives, so at least the stages' work over the stages; that
+work is at least the whole step's, the whole batch at once on one stage's
+devices, as the cost table prices it (a microbatch repeats the weights'
+reads, its collectives' latencies and reshardings; a stage cuts kernels
+and adds the sums and the transfers). Without a pipeline or microbatches
+the bound is the screened price itself.
 """
 
 from __future__ import annotations
@@ -36,8 +56,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.evaluate import evaluate
+from costmodel.table import CostTable
 from ir.core import IRError
-from ir.lower import LowerOptions, lower
+from ir.lower import LoweringError, LowerOptions, lower
 from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
@@ -62,6 +83,7 @@ class Screened:
     remat: tuple[str, ...] = ()
     microbatches: int | None = None  # the K screened, for a pipeline or gradient accumulation
     priced: tuple[Priced, ...] = ()  # every pipeline the screen priced (the mesh's search reads them)
+    bound_s: float | None = None  # not priced: its plans' lower bound (`screen_bound`) ranks it after the best
 
     @property
     def rank(self) -> tuple[bool, float]:
@@ -70,7 +92,7 @@ class Screened:
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
-                "source": self.source, "microbatches": self.microbatches}
+                "source": self.source, "microbatches": self.microbatches, "bound_s": self.bound_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,37 +110,86 @@ def mesh_shape(mesh) -> str:
     return " x ".join(f"{a}={n}" for a, n in mesh)
 
 
+ROUND = 4  # meshes priced between two looks at the bounds (`screen_meshes`)
+
+# (source, the remat of its program, the plan or None, why none): what a mesh is screened with.
+_Plans = list[tuple[str, tuple[str, ...], Plan | None, str]]
+
+
 def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepare,
-                  options: LowerOptions | None, processes: int = 1,
-                  progress: Progress = SILENT) -> list[tuple[Screened, float]]:
+                  options: LowerOptions | None, processes: int = 1, progress: Progress = SILENT,
+                  keep: int | None = None, known: dict[tuple, float] | None = None) -> list[tuple[Screened, float]]:
     """Each job's `screen_mesh` and the seconds it took, in order. With
+    `keep`, a mesh whose lower bound exceeds the `keep`-th best fitting
+    price is not priced (module docstring, "Bounds"): `known` holds the
+    fitting prices of meshes screened before (one per mesh), the rest are
+    found here, the meshes priced in the order of their bounds. With
     processes > 1 (and fork, which shares the programs without copying
-    them), the jobs run in that many processes: the screens are independent
-    and deterministic, so the answers are the same. The programs the named
-    schedules need (of any job: the first mesh may have none of their
-    axes) are built first, once, here (`_program`), so that no process
-    builds its own and the searches after find them."""
-    if not forks(processes, len(jobs)):
-        out = []
-        for job in jobs:
-            progress.update(f"mesh screen: {mesh_shape(job.mesh)}", force=True)
-            out.append(_timed(job, built, prepare, options))
-        return out
+    them), each round's meshes are priced in that many processes: the
+    screens are independent and deterministic, so the answers are the
+    same. The programs the named schedules need (of any job: the first mesh
+    may have none of their axes), the plans and the bounds are made first,
+    here, so that no process makes its own and the searches after find them."""
     for job in jobs:
         for name in manual_schedules(job.spec) if job.schedules else ():
             try:
                 _program(job.spec, name, built, prepare)
             except (IRError, SpecError):
                 continue  # each screen reports it
-    return forked_map(lambda k: _timed(jobs[k], built, prepare, options), len(jobs), processes,
-                      lambda k: progress.update(f"mesh screen: {k + 1} of {len(jobs)} meshes ({processes} processes)",
-                                                force=True))
+    plans, bounds, spent = _bounds(jobs, built, prepare, processes, bool(keep))
+    best = dict(known or {})  # per mesh, its fastest fitting price
+    out: list[tuple[Screened, float] | None] = [None] * len(jobs)
+    order = sorted(range(len(jobs)), key=bounds.__getitem__)
+    for at in range(0, len(order), ROUND):
+        fastest = sorted(best.values())
+        threshold = fastest[keep - 1] if keep and len(fastest) >= keep else math.inf
+        todo = []
+        for k in order[at: at + ROUND]:
+            if bounds[k] * (1 - 1e-9) > threshold:  # its price could only rank after `keep` fitting ones
+                out[k] = (Screened(None, None, False, f"not priced: its plans take at least {bounds[k]:.4g} s",
+                                   bound_s=bounds[k]), spent[k])
+            else:
+                todo.append(k)
+
+        def work(n: int, todo: list[int] = todo) -> tuple[Screened, float]:
+            k = todo[n]
+            return _timed(jobs[k], built, options, plans[k], spent[k])
+
+        def done(n: int, todo: list[int] = todo, at: int = at) -> None:
+            progress.update(f"mesh screen: {mesh_shape(jobs[todo[n]].mesh)} ({at + n + 1} of {len(jobs)} meshes"
+                            + (f", {processes} processes)" if forks(processes, len(todo)) else ")"), force=True)
+
+        for k, (screened, seconds) in zip(todo, forked_map(work, len(todo), processes, done)):
+            out[k] = (screened, seconds)
+            if screened.fits and screened.step_time_s is not None:
+                best[jobs[k].mesh] = min(best.get(jobs[k].mesh, math.inf), screened.step_time_s)
+    return out  # type: ignore[return-value]
 
 
-def _timed(job: ScreenJob, built: dict, prepare, options: LowerOptions | None) -> tuple[Screened, float]:
+def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepare, processes: int,
+            bounded: bool) -> tuple[list[_Plans], list[float], list[float]]:
+    """Each job's plans, their bound (0 unless `bounded`) and the seconds
+    they took, in `processes` processes (each mesh's plans are made from
+    the programs already built: a few tenths of a second each at scale)."""
+    if bounded and forks(processes, len(jobs)):
+        for program in built.values():  # its table's index, made here once, is shared by the processes
+            CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(), jobs[0].spec.hardware_obj())
+
+    def one(k: int) -> tuple[_Plans, float, float]:
+        start = time.perf_counter()
+        plans = _plans(jobs[k].spec, built, prepare, jobs[k].seed, jobs[k].schedules)
+        bound = screen_bound(jobs[k].spec, built, plans) if bounded else 0.0
+        return plans, bound, time.perf_counter() - start
+
+    made = forked_map(one, len(jobs), processes)
+    return [m[0] for m in made], [m[1] for m in made], [m[2] for m in made]
+
+
+def _timed(job: ScreenJob, built: dict, options: LowerOptions | None, plans: _Plans,
+           spent: float) -> tuple[Screened, float]:
     start = time.perf_counter()
-    screened = screen_mesh(job.spec, built, prepare, job.seed, options, schedules=job.schedules)
-    return screened, time.perf_counter() - start
+    screened = _priced(job.spec, built, plans, options)
+    return screened, spent + time.perf_counter() - start
 
 
 def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, seed: tuple[str, tuple, Plan] | None,
@@ -127,7 +198,13 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
     (unless not `schedules`) and `seed` (a source, the remat of its program, a
     plan of it on this mesh); `built[remat]` or `prepare(spec, remat)`: the
     program (shared by every mesh)."""
-    plans: list[tuple[str, tuple[str, ...], Plan | None, str]] = []
+    return _priced(spec, built, _plans(spec, built, prepare, seed, schedules), options)
+
+
+def _plans(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, seed: tuple[str, tuple, Plan] | None,
+           schedules: bool) -> _Plans:
+    """What `screen_mesh` prices the mesh with."""
+    plans: _Plans = []
     for name in manual_schedules(spec) if schedules else ():
         remat = spec.remat(name)
         try:
@@ -141,6 +218,34 @@ def screen_mesh(spec: Spec, built: dict[tuple[str, ...], Prepared], prepare, see
         plans.append((f"schedule {name}", remat, plan, ""))
     if seed is not None:
         plans.append((seed[0], seed[1], seed[2], ""))
+    return plans
+
+
+def screen_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Plans) -> float:
+    """A lower bound of the step time the mesh screens at with `plans`
+    (module docstring, "Bounds"): the least of their whole steps on one
+    stage's devices, priced by the cost table, over the stages; 0 where a
+    plan cannot be priced so (the screen then says why)."""
+    mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
+    tables: dict[tuple[str, ...], CostTable] = {}
+    least = math.inf
+    for _, remat, plan, _ in plans:
+        if plan is None:
+            continue
+        program = built[remat]
+        try:
+            if remat not in tables:
+                tables[remat] = CostTable(program.model.function, program.nda, mesh, hardware)
+            step_s = tables[remat].evaluate(plan.materialize(program.nda)).step_time_s
+        except (IRError, LoweringError, NotImplementedError):
+            return 0.0
+        least = min(least, step_s / spec.stages)
+    return least if least < math.inf else 0.0
+
+
+def _priced(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Plans,
+            options: LowerOptions | None) -> Screened:
+    """The mesh's screen with `plans` (`screen_mesh`)."""
     best: Screened | None = None
     failures, priced = [], []
     for source, remat, plan, error in plans:

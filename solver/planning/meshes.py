@@ -250,6 +250,7 @@ class _Meshes:
         self.jobs = jobs  # processes that screen meshes side by side (`mesh_screen.screen_meshes`)
         self.built: dict[tuple[str, ...], Prepared] = {}
         self.tried: dict[tuple, MeshTried] = {}
+        self.searched = SEARCHED  # meshes searched in all (`screen_and_search`)
 
     def search(self, mesh: tuple, spec: Spec, screened: Screened | None = None) -> None:
         """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's).
@@ -282,6 +283,7 @@ class _Meshes:
                 self.search(mesh, spec)
                 if self._has_seed():
                     break
+        self.searched = searched
         screens: dict[tuple, tuple[Screened, float]] = {}
         self._screen(screens)
         rescreened = self._has_seed()  # the first screen had a searched plan already
@@ -297,8 +299,9 @@ class _Meshes:
         for mesh, spec in self.meshes:
             if mesh not in self.tried:
                 screened, seconds = screens[mesh]
-                self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), None,
-                                             f"screened {ranked.index(mesh) + 1} of {len(ranked)}, not searched",
+                why = (f"not priced: at least {screened.bound_s * 1e3:,.3f} ms, after the {searched} best screened"
+                       if screened.bound_s is not None else f"screened {ranked.index(mesh) + 1} of {len(ranked)}")
+                self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), None, f"{why}, not searched",
                                              seconds, screened, searched=False)
 
     def _has_seed(self) -> bool:
@@ -324,11 +327,18 @@ class _Meshes:
             if again and (screens[mesh][0].plan, screens[mesh][0].remat) == (seed, seed_remat):
                 continue  # the searched plan is the one screened here already (a published split that won)
             todo.append(ScreenJob(mesh, spec, with_seed, schedules=not again))
-        done = screen_meshes(todo, self.built, prepare, self.options, self.jobs, self.progress)
+        # Only the best `keep` screens of the meshes not searched yet can be searched: a mesh whose bound
+        # ranks it after them is not priced (`mesh_screen.screen_meshes`).
+        keep = self.searched - len(self.tried)
+        known = {m: s.step_time_s for m, (s, _) in screens.items()
+                 if m not in self.tried and s.fits and s.step_time_s is not None}
+        done = screen_meshes(todo, self.built, prepare, self.options, self.jobs, self.progress,
+                             keep=keep if keep > 0 else None, known=known)
         for job, (screened, seconds) in zip(todo, done):
             if job.mesh in screens:
                 before, spent = screens[job.mesh]
-                kept = min((before, screened), key=lambda x: x.rank)
+                # Of two without a price, the one with a bound says more, and the smaller bound is the mesh's.
+                kept = min((before, screened), key=lambda x: (x.rank, x.bound_s is None, x.bound_s or 0.0))
                 screens[job.mesh] = (dataclasses.replace(kept, priced=before.priced + screened.priced),
                                      spent + seconds)
             else:
@@ -405,7 +415,7 @@ def _screened(screen: dict[str, Any] | None) -> str:
     if screen is None:
         return "-"
     if screen["step_time_s"] is None:
-        return "no plan"
+        return "no plan" if screen.get("bound_s") is None else f"> {screen['bound_s'] * 1e3:,.0f} ms"
     return f"{screen['step_time_s'] * 1e3:,.3f} ms" + ("" if screen["fits"] else "*")
 
 
