@@ -326,15 +326,13 @@ def test_a_meshs_bound_is_at_most_the_price_of_each_plan_it_screens(tmp_path, te
     assert compared >= 5
 
 
-def test_meshes_left_unpriced_by_their_bound_change_nothing_searched(tmp_path, monkeypatch):
+def test_meshes_left_unpriced_by_their_bound_change_nothing_searched(screened, monkeypatch):
     """The search with bounds searches the meshes the search without them
     does, with the same answers; each mesh it left unpriced prices (without
     bounds) at least its bound."""
     import solver.planning.mesh_screen as mesh_screen
 
-    path = tmp_path / "gpt.yaml"
-    path.write_text(GPT)
-    bounded = plan_meshes(path, "cpsat", searched=2)
+    path, bounded = screened
     monkeypatch.setattr(mesh_screen, "screen_bound", lambda *a: 0.0)
     priced = plan_meshes(path, "cpsat", searched=2)
     left = [t for t in bounded.tried if t.screened is not None and t.screened.bound_s is not None]

@@ -140,11 +140,12 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
     best = dict(known or {})  # per mesh, its fastest fitting price
     out: list[tuple[Screened, float] | None] = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=bounds.__getitem__)
-    for at in range(0, len(order), ROUND):
+    size = ROUND if keep else max(len(jobs), 1)  # without bounds, one round
+    for at in range(0, len(order), size):
         fastest = sorted(best.values())
         threshold = fastest[keep - 1] if keep and len(fastest) >= keep else math.inf
         todo = []
-        for k in order[at: at + ROUND]:
+        for k in order[at: at + size]:
             if bounds[k] * (1 - 1e-9) > threshold:  # its price could only rank after `keep` fitting ones
                 out[k] = (Screened(None, None, False, f"not priced: its plans take at least {bounds[k]:.4g} s",
                                    bound_s=bounds[k]), spent[k])
@@ -173,7 +174,11 @@ def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepa
     the programs already built: a few tenths of a second each at scale)."""
     if bounded and forks(processes, len(jobs)):
         for program in built.values():  # its table's index, made here once, is shared by the processes
-            CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(), jobs[0].spec.hardware_obj())
+            try:
+                CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(),
+                          jobs[0].spec.hardware_obj())
+            except (IRError, NotImplementedError):
+                continue  # no bound from this program (`screen_bound`)
 
     def one(k: int) -> tuple[_Plans, float, float]:
         start = time.perf_counter()
