@@ -80,7 +80,13 @@ wherever it proves optimality) while the plans priced fell 1.5-6x
     the 19 bundled specs besides llama2_70b: the same answers but on
     Gemma-2B (+0.09%, CP-SAT's optimum +0.09%) and unet (+0.04%, still
     within 0.03% of CP-SAT's best), 10-40% less time (unet 61 -> 37 s,
-    chinchilla_32l_a100 49 -> 38 s, gemma_2b 12.6 -> 8.7 s);
+    chinchilla_32l_a100 49 -> 38 s, gemma_2b 12.6 -> 8.7 s). It is 6
+    since: on the 22 bundled specs (MoE included) the same answers but
+    gemma_2b_tpuv3 (+0.35%, within 0.36% of CP-SAT's optimum), in 10-64%
+    less time (`plan --solver mcts --jobs 2`, one machine, one hour:
+    deepseek_v3_moe 55.7 -> 20.0 s, mixtral_8x7b 62.3 -> 44.4 s,
+    gemma_7b_tpuv3 40.5 -> 25.2 s, unet 27.4 -> 17.9 s, gns 10.7 -> 5.6 s,
+    llama2_70b 53.8 -> 47.3 s);
   - focused descents: after a step, only the actions that improved on the
     state just left are tried ("don't look bits"), not every valid action;
     the first step of each descent still tries them all, so a start the
@@ -193,7 +199,7 @@ class MctsOptions:
     min_dims: int = 10
     exploration: float = 0.1
     length_bonus: float = 0.01
-    patience: int = 10  # a round ends after this many trajectories in a row that did not beat its best
+    patience: int = 6  # a round ends after this many trajectories in a row that did not beat its best
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
     jobs: int = 1  # processes pricing a descent step's candidates (`_Mcts.candidate_ranks`): the same search
