@@ -29,6 +29,7 @@ from ir.opdef import REGISTRY, REQUIRED  # noqa: F401 (named for readers and typ
 
 # Register every op kind.
 from ir.opset import (  # noqa: E402,F401
+    attention,
     bitwise,
     collectives,
     contraction,

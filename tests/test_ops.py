@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import cases_attention
 import cases_bitwise
 import cases_indexing
 import cases_sorting
@@ -292,7 +293,7 @@ for _case in unary_cases() + binary_cases() + [
            f64(ref_conv_input_grad(s, p, x.shape[1:3]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
     *(Case("conv_kernel_grad", name, (x, y), {"stride": s, "padding": p, "kernel_spatial": list(w.shape[:2])},
            f64(ref_conv_kernel_grad(s, p, w.shape[:2]))) for name, x, w, y, s, p in CONV_GEOMETRIES),
-] + cases_bitwise.CASES + cases_indexing.CASES + cases_sorting.CASES + cases_windows.CASES:
+] + cases_attention.CASES + cases_bitwise.CASES + cases_indexing.CASES + cases_sorting.CASES + cases_windows.CASES:
     CASES.setdefault(_case.kind, []).append(_case)
 
 ALL_CASES = [c for cases in CASES.values() for c in cases]
@@ -506,7 +507,7 @@ OPAQUE_DIMS: dict[str, tuple[list[set[int]], list[set[int]]]] = {
     **{f"conv_kernel_grad-{g[0]}": ([{1, 2}, {1, 2}], [{0, 1}]) for g in CONV_GEOMETRIES},
 }
 # Each family's case module lists its own.
-for _module in (cases_bitwise, cases_indexing, cases_sorting, cases_windows):
+for _module in (cases_attention, cases_bitwise, cases_indexing, cases_sorting, cases_windows):
     OPAQUE_DIMS.update(getattr(_module, "OPAQUE_DIMS", {}))
 
 
@@ -618,10 +619,15 @@ def test_every_local_kind_has_a_vjp():
     assert [k for k, d in REGISTRY.items() if d.vjp is None and not d.is_collective] == []
 
 
+# Kinds that are themselves derivatives and have no VJP of their own (fused attention's backward kernels).
+FIRST_ORDER_ONLY = {"attention_dq", "attention_dkv"}
+
+
 def differentiable(case: Case) -> bool:
     """A float result of float operands, at inputs where central differences are finite (not sort's NaN case)."""
     result = case.op().results[0].type
-    return (result.dtype == "f32" and any(ty.dtype == "f32" for ty in case.operands)
+    return (case.kind not in FIRST_ORDER_ONLY and result.dtype == "f32"
+            and any(ty.dtype == "f32" for ty in case.operands)
             and all(np.isfinite(x).all() for x in case.inputs(seed=3) if x.dtype == F32))
 
 

@@ -137,3 +137,37 @@ def attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, mask: Value | No
     context_dims = context_spec.split("->")[1]
     head_dims = [context_dims.index(c) for c in "ngrh" if c in context_dims]
     return b.dot_general(context, wo, [head_dims, list(range(len(head_dims)))], name=f"{prefix}out")
+
+
+def token_positions(b: Builder, seq: int) -> Value:
+    """[seq] i32: 0, 1, ..., the positions fused attention's causal mask compares."""
+    return b.iota([seq], dimension=0, name="positions")
+
+
+def flash_attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, positions: Value, causal: bool = True,
+                 prefix: str = "") -> Value:
+    """`attend`'s result computed by the fused `attention` op (FlashAttention:
+    the scores are never a value of the program, `ir/opset/attention.py`).
+
+    q [batch, seq, heads, head_dim]; k and v [batch, seq, kv_heads, head_dim]
+    or [batch, seq, head_dim] (one head shared by all); wo [heads, head_dim,
+    d_model]. q is viewed as [batch, seq, kv_heads, heads per kv head,
+    head_dim] (`q_grouped`) and wo as [kv_heads, heads per kv head, head_dim,
+    d_model] (`wo_grouped`), the attention's output is `context`.
+    """
+    if q.type.rank != 4 or k.type.rank not in (3, 4) or k.type != v.type:
+        raise ValueError(f"flash_attend: q must be [batch, seq, heads, head_dim] and k, v alike, "
+                         f"got {q.type}, {k.type}, {v.type}")
+    batch, seq, heads, head_dim = q.type.shape
+    if k.type.rank == 3:  # one key/value head: give it its heads dim of 1
+        k = b.reshape(k, [*k.type.shape[:2], 1, head_dim], name=f"{prefix}k_heads")
+        v = b.reshape(v, [*v.type.shape[:2], 1, head_dim], name=f"{prefix}v_heads")
+    groups = k.type.shape[2]
+    if heads % groups:
+        raise ValueError(f"flash_attend: {groups} key/value heads do not divide {heads} query heads")
+    q = b.reshape(q, [batch, seq, groups, heads // groups, head_dim], name=f"{prefix}q_grouped")
+    context = b.op("attention", [q, k, v, positions, positions], name=f"{prefix}context",
+                   scale=1.0 / math.sqrt(head_dim), causal=causal)
+    wo = b.reshape(wo, [groups, heads // groups, *wo.type.shape[1:]], name=f"{prefix}wo_grouped")
+    return b.dot_general(context, wo, [[2, 3, 4], [0, 1, 2]], name=f"{prefix}out")
+

@@ -7,6 +7,10 @@
                   untied, sequences of 4096, a global batch of 1024 (published:
                   6.9e10 parameters; the builder's gate is GELU where Llama's is
                   SiLU, the same shapes and cost)
+  llama3_8b       Llama 3 8B at long context: GQA (32 query heads, 8 key/value
+                  heads), gated MLP 14,336, vocabulary 128,256, untied, sequences
+                  of 131,072, a global batch of 16 (the long-context stage's
+                  shape; published: 8.0e9 parameters)
 
 The others train on sequences of 2048 tokens, all in bf16. Gemma's (1 + scale) RMSNorm and
 sqrt(d_model) embedding scaling are not modelled: they change no shapes.
@@ -36,9 +40,15 @@ llama2_70b: dict[str, Any] = dict(
     vocab=32000, tied_embeddings=False, norm="rms", seq=4096, batch=1024, dtype="bf16",
 )
 
+llama3_8b: dict[str, Any] = dict(
+    layers=32, d_model=4096, heads=32, kv_heads=8, head_dim=128, gated_mlp=True, mlp_hidden=14336,
+    vocab=128256, tied_embeddings=False, norm="rms", seq=131072, batch=16, dtype="bf16", attention="flash",
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "gemma_2b": gemma_2b,
     "gemma_7b": gemma_7b,
     "chinchilla_32l": chinchilla_32l,
     "llama2_70b": llama2_70b,
+    "llama3_8b": llama3_8b,
 }

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from ir.builder import Builder
 from ir.core import Value
-from ir.models.attention import attend, causal_mask
+from ir.models.attention import attend, causal_mask, flash_attend, token_positions
 from ir.models.base import Model
 from ir.models.losses import softmax_cross_entropy
 
 BATCH_INPUTS = ("batch.tokens", "batch.targets")
 NORMS = ("rms", "layer")
+ATTENTION = ("dense", "flash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class _Layout:
     gated_mlp: bool
     fused_qkv: bool
     dtype: str
+    flash: bool = False
 
     @property
     def multi_query(self) -> bool:
@@ -57,7 +59,7 @@ class _Layout:
 def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: int = 8, mlp_hidden: int = 32,
                 vocab: int = 32, seq: int = 8, batch: int = 2, dtype: str = "f32", kv_heads: int | None = None,
                 norm: str = "rms", gated_mlp: bool = False, causal: bool = True, tied_embeddings: bool = False,
-                fused_qkv: bool = False) -> Model:
+                fused_qkv: bool = False, attention: str = "dense") -> Model:
     """Mean next-token cross-entropy of a pre-norm decoder-only transformer.
 
     kv_heads: None or `heads` for multi-head attention, 1 for multi-query
@@ -67,17 +69,24 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
     norm: "rms" (RMSNorm) or "layer" (LayerNorm, with a bias).
     gated_mlp: GeGLU, gelu(x @ w_gate) * (x @ w_up), instead of gelu(x @ w_up).
     tied_embeddings: the logits reuse embed.table.
-    The scores' 1/sqrt(head_dim) scaling is applied to q (see `attend`).
+    attention: "dense" (`attend`: the scores, mask and softmax as ops, the
+    1/sqrt(head_dim) scaling applied to q) or "flash" (`flash_attend`: one
+    fused op, the scores never in memory, as long-context training runs).
     """
+    if attention not in ATTENTION:
+        raise ValueError(f"unknown attention {attention!r}; expected one of {', '.join(ATTENTION)}")
     layout = _Layout(d_model, heads, _kv_heads(heads, kv_heads), head_dim, mlp_hidden, _check_norm(norm),
-                     gated_mlp, fused_qkv, dtype)
+                     gated_mlp, fused_qkv, dtype, attention == "flash")
     b = Builder("transformer")
     tokens = b.param(BATCH_INPUTS[0], [batch, seq], "i32")
     targets = b.param(BATCH_INPUTS[1], [batch, seq], "i32")
     table = layout.param(b, "embed.table", [vocab, d_model])
     h = b.gather(table, tokens, name="embed")
-    # One mask for all layers: it depends only on positions.
-    mask = causal_mask(b, seq) if causal else None
+    # One mask (or, for fused attention, one positions vector) for all layers: it depends only on positions.
+    if layout.flash:
+        mask = (token_positions(b, seq), causal)
+    else:
+        mask = causal_mask(b, seq) if causal else None
     for layer in range(layers):
         h = _block(b, layout, h, mask, f"layers.{layer}.")
     logits = _logits(b, layout, h, table, tied_embeddings)
@@ -101,7 +110,7 @@ def _check_norm(norm: str) -> str:
     return norm
 
 
-def _block(b: Builder, layout: _Layout, h: Value, mask: Value | None, prefix: str) -> Value:
+def _block(b: Builder, layout: _Layout, h: Value, mask: Value | tuple[Value, bool] | None, prefix: str) -> Value:
     """One pre-norm layer: h + attention(norm(h)), then + mlp(norm(.))."""
     x = _norm(b, layout, h, f"{prefix}attn_norm")
     q, k, v = _project_qkv(b, layout, x, f"{prefix}attn.")
@@ -109,12 +118,18 @@ def _block(b: Builder, layout: _Layout, h: Value, mask: Value | None, prefix: st
     return _mlp_residual(b, layout, h, prefix)
 
 
-def _attention_residual(b: Builder, layout: _Layout, h: Value, q: Value, k: Value, v: Value, mask: Value | None,
-                        prefix: str) -> Value:
+def _attention_residual(b: Builder, layout: _Layout, h: Value, q: Value, k: Value, v: Value,
+                        mask: Value | tuple[Value, bool] | None, prefix: str) -> Value:
     """h + attend(q, k, v) projected by `{prefix}attn.wo` (the decode step
-    passes keys and values that include its cache)."""
+    passes keys and values that include its cache). With fused attention
+    `mask` is (positions, causal)."""
     wo = layout.param(b, f"{prefix}attn.wo", [layout.heads, layout.head_dim, layout.d_model])
-    return b.add(h, attend(b, q, k, v, wo, mask, f"{prefix}attn."), name=f"{prefix}attn_residual")
+    if layout.flash:
+        positions, causal = mask
+        attended = flash_attend(b, q, k, v, wo, positions, causal, f"{prefix}attn.")
+    else:
+        attended = attend(b, q, k, v, wo, mask, f"{prefix}attn.")
+    return b.add(h, attended, name=f"{prefix}attn_residual")
 
 
 def _mlp_residual(b: Builder, layout: _Layout, h: Value, prefix: str) -> Value:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from solver.planning.scheme import format_roles
+
 
 def format_simulated(sim: dict[str, Any]) -> list[str]:
     """The overlap line of the human-readable plan report."""
@@ -17,6 +19,10 @@ def format_pipeline(report: dict[str, Any]) -> list[str]:
     """The pipeline section of the human-readable plan report."""
     if report["stages"] == 1:
         (st,) = report["per_stage"]
+        if report["microbatches"] == 1:  # `microbatches: auto` found the whole batch fits at once
+            return [f"gradient accumulation: none (1 microbatch: the whole batch at once); forward "
+                    f"{format_seconds(st['forward_s'])}, backward {format_seconds(st['backward_s'])}; peak "
+                    f"{format_bytes(st['peak_memory_bytes'])} ({format_bytes(st['stash_bytes'])} of activations)"]
         return [f"gradient accumulation: {report['microbatches']} microbatches one after another, the gradients "
                 f"summed, one update; forward {format_seconds(st['forward_s'])}, backward "
                 f"{format_seconds(st['backward_s'])} a microbatch; peak {format_bytes(st['peak_memory_bytes'])} "
@@ -149,7 +155,8 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
     mesh = " x ".join(f"{n}={s}" for n, s in report["mesh"].items())
     schedule = f"schedule {report['schedule']}, " if report["schedule"] else ""
     lines = [f"{report['source']}: plan ({schedule}solver {report['solver']}) on mesh {mesh}",
-             f"collectives: {counts}", _format_local(report["local_program"])]
+             f"collectives: {counts}", f"scheme: {format_roles(report['scheme'])}",
+             _format_local(report["local_program"])]
     lines += [f"note: {n}" for n in report.get("notes", ())]
     if report["remat"]:
         lines.append(f"rematerialized: {', '.join(report['remat'])} (each layer's forward recomputed in its backward)")

@@ -41,6 +41,7 @@ from solver.planning.pipelining import (
     search_nda,
 )
 from solver.planning.plan_text import format_bytes
+from solver.planning.scheme import axis_roles
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -582,6 +583,7 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "mesh": dict(planned.spec.mesh_obj().axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": planned_counts(planned),
+        "scheme": axis_roles(planned.model, planned.nda, planned.sharding),
         "cost": cost_report(planned.assessment, planned.spec.hardware_name),
         "simulated": None if planned.pipeline is not None else {
             "makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,

@@ -3,7 +3,9 @@ order to a growing `Plan`; a later tactic never undoes an earlier one (its
 decisions come after, and earlier decisions win on a contended axis).
 
   Manual(axis, values)   shard parameters (name or glob -> dimension, or
-                         "first_divisible") along `axis`. The dimensions it
+                         "first_divisible") along `axis`; a pattern that
+                         names no parameter names op results, pinned where
+                         they are made. The dimensions it
                          names are pinned first, then each one's sharding
                          propagates along its color, stopping where the axis
                          is taken: otherwise ZeRO-3's "every parameter on
@@ -141,13 +143,26 @@ def _manual(nda: NDA, plan: Plan, tactic: Manual, where: str) -> Plan:
     sharding = plan.materialize(nda) if any(dim == FIRST_DIVISIBLE for _, dim in tactic.values) else None
     pins: list[tuple[Value, int]] = []
     for pattern, dim in tactic.values:
-        for v in _matching(nda, (pattern,), where):
+        for v in _manual_values(nda, pattern, where):
             d = _pick_dim(nda, sharding, v, dim, tactic.axis, plan.mesh, where)
             if d is not None and (v, d) not in pins:
                 pins.append((v, d))
     pinned = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d)) for v, d in pins]
     spread = [Decision(tactic.axis, nda.def_color(v, d), only=nda.def_iclass(v, d), spread=True) for v, d in pins]
     return plan.with_decisions(*pinned, *spread)
+
+
+def _manual_values(nda: NDA, pattern: str, where: str) -> list[Value]:
+    """The parameters a manual pattern names or, where it names none, the op
+    results (and their recomputations, `<name>.remat`): a layout inside the
+    program, such as Ulysses' heads split between the two all_to_alls
+    around attention, has no parameter to start from."""
+    params = [v for v in nda.function.params if fnmatch.fnmatchcase(v.name, pattern)]
+    if params:
+        return params
+    made = [r for op in nda.function.ops for r in op.results
+            if r.name and fnmatch.fnmatchcase(r.name.removesuffix(REMAT_SUFFIX), pattern)]
+    return made or _matching(nda, (pattern,), where)  # the parameters' error message
 
 
 def _pin(nda: NDA, plan: Plan, tactic: Pin, where: str) -> Plan:

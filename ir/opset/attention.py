@@ -1,0 +1,205 @@
+"""Fused attention: FlashAttention's kernels as three op kinds.
+
+At 32k-128k tokens a sequence's attention scores ([heads, seq, seq] per
+sequence, 1 TiB at 128k) cannot exist in memory; every long-context trainer
+runs a fused kernel that streams key/value blocks through an online softmax
+and never writes the scores. These ops are that kernel, so that the memory
+model sees what runs:
+
+  attention(q, k, v, q_pos, k_pos)          -> o
+  attention_dq(q, k, v, q_pos, k_pos, o, do)  -> dq
+  attention_dkv(q, k, v, q_pos, k_pos, o, do) -> dkv = stack(dk, dv)
+
+with q [B, S, G, R, H] (G key/value heads of R query heads each: multi-head
+is R = 1, multi-query G = 1), k and v [B, T, G, H], positions q_pos [S] and
+k_pos [T] (i32), o and do like q, dkv [2, B, T, G, H]. `scale` multiplies
+the scores; with `causal` a query attends to the keys whose position is at
+most its own (the positions are operands, not implied by the index, so a
+shard of the queries or a ring of key blocks carries its own). A query row
+with no visible key gives zeros.
+
+Factor rules. Batch, key/value heads and query heads are parallel; the query
+positions are parallel in the forward and `attention_dq` (each query row is
+its own softmax) and a sum in `attention_dkv` (dk and dv add up every
+query's contribution); query heads are a sum there too (each key/value head
+serves R query heads). The key positions and the head dim are opaque: a
+softmax row needs every key and each score the whole head dim, so a split
+key sequence is gathered at the op (Llama 3's context parallelism:
+all_gather K and V, reduce_scatter their gradients). Ring attention, which
+splits the keys and merges blocks by their row statistics, is a different
+algorithm, not a sharding of this op.
+
+Cost, as the kernels run: one matmul-sized pass is 2 B G R S T H flops; the
+forward makes two (Q K^T, P V), `attention_dq` three (S again, dP = dO V^T,
+dQ = dS K) and `attention_dkv` four (S, dP, dV = P^T dO, dK = dS^T Q):
+FlashAttention-2's backward as its dq and dk/dv kernels. With `causal` the
+kernels skip the key blocks above the diagonal: half the passes' work. That
+holds for every device only with the sequence's chunks balanced (each device
+two mirrored chunks, as context-parallel trainers place them); the half is
+what the cost assumes. The row statistics the forward saves for the backward
+(one f32 per query row and head, 1/H of o) are recomputed by the backward
+ops' semantics here and not counted. Bytes: operands read once, results
+written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ir.core import Attrs, Mesh, TensorType
+from ir.opdef import (
+    AttrSpec,
+    FactorRule,
+    OpCost,
+    OpDef,
+    Types,
+    attr_number,
+    io_bytes,
+    register,
+    require,
+)
+
+ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", lambda v: _attr_bool(v), True))
+PASSES = {"attention": 2, "attention_dq": 3, "attention_dkv": 4}  # matmul-sized passes (module docstring)
+
+
+def _attr_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
+
+
+def _check(kind: str, types: Types) -> tuple[TensorType, ...]:
+    q, k, v, q_pos, k_pos = types[:5]
+    require(q.rank == 5, f"{kind}: q must be [batch, seq, kv_heads, heads per kv head, head_dim], got {q}")
+    require(k.rank == 4 and v.rank == 4, f"{kind}: k and v must be [batch, seq, kv_heads, head_dim], got {k}, {v}")
+    b, s, g, _, h = q.shape
+    require(k.shape == v.shape, f"{kind}: k and v differ: {k}, {v}")
+    require(k.shape[0] == b and k.shape[2] == g and k.shape[3] == h,
+            f"{kind}: k {k} does not match q {q} in batch, kv_heads or head_dim")
+    require(q.dtype == k.dtype == v.dtype and q.dtype in ("f32", "bf16", "f16", "f64"),
+            f"{kind}: q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    require(q_pos.shape == (s,) and k_pos.shape == (k.shape[1],) and q_pos.dtype == k_pos.dtype == "i32",
+            f"{kind}: positions must be i32 [{s}] and [{k.shape[1]}], got {q_pos}, {k_pos}")
+    for extra in types[5:]:
+        require(extra == q, f"{kind}: o and do must be like q {q}, got {extra}")
+    return q, k
+
+
+def _infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    return (_check("attention", types)[0],)
+
+
+def _dq_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    return (_check("attention_dq", types)[0],)
+
+
+def _dkv_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
+    _, k = _check("attention_dkv", types)
+    return (TensorType((2, *k.shape), k.dtype),)
+
+
+_Q, _KV, _QPOS, _KPOS = ("b", "s", "g", "r", "h"), ("b", "t", "g", "h"), ("s",), ("t",)
+
+
+def _factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS], [_Q], opaque=["h", "t"])
+
+
+def _dq_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, _Q, _Q], [_Q],
+                            opaque=["h", "t"])
+
+
+def _dkv_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, _Q, _Q],
+                            [("two", *_KV)], combiners={"s": "sum", "r": "sum"}, opaque=["h", "t", "two"])
+
+
+def _cost(operand_types: Types, result_types: Types, attrs: Attrs, passes: int) -> OpCost:
+    q, k = operand_types[0], operand_types[1]
+    one_pass = 2 * q.num_elements * k.shape[1]  # 2 B G R S H T
+    flops = passes * one_pass // (2 if attrs["causal"] else 1)
+    return OpCost(flops, io_bytes(operand_types, result_types))
+
+
+def _probabilities(q, k, q_pos, k_pos, attrs: Attrs) -> np.ndarray:
+    """P [B, G, R, S, T]: the softmax over keys of the scaled, masked scores."""
+    dtype = np.promote_types(q.dtype, np.float32)
+    scores = np.einsum("bsgrh,btgh->bgrst", q.astype(dtype), k.astype(dtype)) * attrs["scale"]
+    visible = np.ones(scores.shape[-2:], dtype=bool)
+    if attrs["causal"]:
+        visible = q_pos[:, None] >= k_pos[None, :]
+    scores = np.where(visible, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.where(visible, np.exp(scores - top), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
+
+
+def _impl(args, attrs: Attrs):
+    q, k, v, q_pos, k_pos = args
+    p = _probabilities(q, k, q_pos, k_pos, attrs)
+    return (np.einsum("bgrst,btgh->bsgrh", p, v.astype(p.dtype)),)
+
+
+def _score_grads(args, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
+    """(P, dS): the probabilities and the cotangent of the scaled scores."""
+    q, k, v, q_pos, k_pos, o, do = args
+    p = _probabilities(q, k, q_pos, k_pos, attrs)
+    do = do.astype(p.dtype)
+    dp = np.einsum("bsgrh,btgh->bgrst", do, v.astype(p.dtype))
+    row = np.einsum("bsgrh,bsgrh->bgrs", do, o.astype(p.dtype))[..., None]  # rowsum(dO * O) = rowsum(P * dP)
+    return p, p * (dp - row)
+
+
+def _dq_impl(args, attrs: Attrs):
+    _, k = args[0], args[1]
+    _, ds = _score_grads(args, attrs)
+    return (np.einsum("bgrst,btgh->bsgrh", ds, k.astype(ds.dtype)) * attrs["scale"],)
+
+
+def _dkv_impl(args, attrs: Attrs):
+    q, do = args[0], args[6]
+    p, ds = _score_grads(args, attrs)
+    dk = np.einsum("bgrst,bsgrh->btgh", ds, q.astype(ds.dtype)) * attrs["scale"]
+    dv = np.einsum("bgrst,bsgrh->btgh", p, do.astype(p.dtype))
+    return (np.stack([dk, dv]),)
+
+
+def _vjp(b, op, g, wanted):
+    """dq from `attention_dq`; dk and dv sliced from one `attention_dkv`."""
+    q, k, v, q_pos, k_pos = op.operands
+    attrs = {"scale": op.attrs["scale"], "causal": op.attrs["causal"]}
+    inputs = [q, k, v, q_pos, k_pos, op.results[0], g]
+    out = [None] * 5
+    if wanted[0]:
+        out[0] = b.op("attention_dq", inputs, **attrs)
+    if wanted[1] or wanted[2]:
+        dkv = b.op("attention_dkv", inputs, **attrs)
+        shape = list(k.type.shape)
+        for i in (1, 2):
+            if wanted[i]:
+                part = b.slice(dkv, [i - 1, 0, 0, 0, 0], [i, *shape])
+                out[i] = b.reshape(part, shape)
+    return tuple(out)
+
+
+def _no_vjp(b, op, g, wanted):
+    raise NotImplementedError(f"{op.kind} has no VJP: a second derivative of fused attention is not supported")
+
+
+for _kind, _infer_fn, _factor_fn, _impl_fn, _vjp_fn, _doc in (
+    ("attention", _infer, _factors, _impl, _vjp, "fused softmax attention (FlashAttention's forward)"),
+    ("attention_dq", _dq_infer, _dq_factors, _dq_impl, _no_vjp, "fused attention's query gradient"),
+    ("attention_dkv", _dkv_infer, _dkv_factors, _dkv_impl, _no_vjp,
+     "fused attention's key and value gradients, stacked"),
+):
+    register(OpDef(
+        _kind, "attention", 5 if _kind == "attention" else 7, ATTRS, _infer_fn, _factor_fn,
+        lambda operands, results, attrs, passes=PASSES[_kind]: _cost(operands, results, attrs, passes),
+        impl=_impl_fn, vjp=_vjp_fn, doc=_doc,
+    ))

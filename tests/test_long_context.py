@@ -1,0 +1,149 @@
+"""Long context: fused attention in a training step and the ways to split
+a sequence (Megatron's sequence parallelism, context parallelism by
+all-gathered keys and values, DeepSpeed-Ulysses), each executed on the
+simulated mesh against the unpartitioned step, with the collectives each
+scheme is known for counted."""
+
+import numpy as np
+import pytest
+from spmd_check import assert_lowering_matches, model_inputs
+
+from ir.autodiff import training_step
+from ir.interpret import run
+from ir.models import transformer
+from solver.planning.planner import collective_counts, plan_report, plan_spec
+from solver.planning.scheme import CONTEXT, DATA, SEQUENCE, TENSOR, ULYSSES, ZERO3, ZERO12, axis_roles
+from solver.planning.spec import parse_spec
+from solver.planning.tactics import TacticError
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_a_fused_attention_step_equals_the_dense_one(kv_heads):
+    """The same loss, new parameters and optimizer state to rounding: the
+    fused op and its two backward kernels compute what the scores, the mask
+    and the softmax as separate ops do."""
+    steps = [training_step(transformer(layers=2, d_model=16, heads=4, kv_heads=kv_heads, head_dim=4, mlp_hidden=32,
+                                       vocab=32, seq=8, batch=2, gated_mlp=True, attention=attention))
+             for attention in ("dense", "flash")]
+    dense, flash = (s.function for s in steps)
+    assert not any(op.kind.startswith("attention") for op in dense.ops)
+    fused = [op.kind for op in flash.ops if op.kind.startswith("attention")]
+    assert sorted(fused) == ["attention"] * 2 + ["attention_dkv"] * 2 + ["attention_dq"] * 2
+    assert [r.name for r in dense.results] == [r.name for r in flash.results]
+    inputs = model_inputs(steps[0])
+    want = run(dense, inputs, float_dtype=np.float64)
+    got = run(flash, inputs, float_dtype=np.float64)
+    for r, a, b in zip(dense.results, got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=r.name)
+
+
+def test_fused_attention_never_holds_the_scores():
+    """At 4096 tokens the dense step's largest value is a layer's scores
+    ([batch, kv heads, heads per kv head, seq, seq]); the fused step has none
+    larger than the logits."""
+    sizes = {}
+    for attention in ("dense", "flash"):
+        fn = transformer(layers=1, d_model=64, heads=4, kv_heads=2, head_dim=16, mlp_hidden=128, vocab=64,
+                         seq=4096, batch=1, attention=attention).function
+        sizes[attention] = max(r.type.num_elements for op in fn.ops for r in op.results)
+    assert sizes["dense"] == 4 * 4096 * 4096
+    assert sizes["flash"] == 4096 * 128  # the MLP's hidden activations
+
+
+SPEC = """
+model:
+  builder: transformer
+  args: {layers: 2, d_model: 16, heads: 4, kv_heads: 2, head_dim: 4, mlp_hidden: 32, vocab: 32, seq: 8, batch: 4,
+         gated_mlp: true, attention: flash}
+  step: train
+mesh: {context: 2, model: 2}
+hardware: H100-SXM
+schedules:
+  TP+SP:
+    tactics:
+      - {manual: {axis: context, values: {batch.tokens: 0}}}
+      - &tp {manual: {axis: model, values: {"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}
+      - &sp {manual: {axis: model, values: {batch.tokens: 1}}}
+  CP:
+    tactics:
+      - &cp {manual: {axis: context, values: {batch.tokens: 1}}}
+      - *tp
+  CP+SP:
+    tactics: [*cp, *tp, *sp]
+  Ulysses:
+    tactics:
+      - {manual: {axis: model, values: {batch.tokens: 0}}}
+      - {replicate: {axis: context, values: {"layers.*.attn.context": 1}}}
+      - *cp
+      - {manual: {axis: context, values: {"layers.*.attn.context": 2}}}
+"""
+L, P = 2, 3 + 9 * 2  # layers; trainable tensors (embedding, final norm, unembedding; 9 a layer)
+
+
+@pytest.mark.parametrize("schedule, counts", [
+    # Megatron-SP: no all_reduce over model; per layer in the forward each norm's output gathered for
+    # each reader (q, k, v; gate, up) and each block's output reduce_scattered (2), in the backward the
+    # norms' outputs gathered again for the weights' gradients (5), the blocks' output cotangents
+    # gathered for their two readers (4), and the projections' input cotangents reduce_scattered (5).
+    ("TP+SP", {"all_reduce": P + 1, "all_gather": 14 * L, "reduce_scatter": 7 * L}),
+    # Llama 3's context parallelism: K and V gathered for the forward and for each backward kernel (6),
+    # their stacked gradient reduce_scattered (1); the positions sliced for each kernel (3); Megatron's
+    # four all_reduces a layer over model.
+    ("CP", {"all_reduce": P + 1 + 4 * L, "all_gather": 6 * L, "reduce_scatter": L, "all_slice": 3 * L}),
+    ("CP+SP", {"all_reduce": P + 1, "all_gather": 20 * L, "reduce_scatter": 8 * L, "all_slice": 3 * L}),
+    # DeepSpeed-Ulysses: q, k, v from sequence to heads and the context back (4 in the forward); in the
+    # backward q, k, v, o and do to heads for each kernel that reads them, o back for wo's gradient, and
+    # the gradients back to the sequence at each of their readers (14). No all_gather: nothing whole.
+    ("Ulysses", {"all_reduce": P + 1, "all_to_all": 18 * L}),
+])
+def test_long_context_schemes_execute_like_the_global_step(schedule, counts):
+    planned = plan_spec(parse_spec(SPEC), schedule=schedule)
+    got = {k: v for k, v in collective_counts(planned.lowered).items() if v}
+    assert got == counts
+    assert_lowering_matches(planned.model, planned.lowered)
+
+
+def test_context_parallelism_with_recomputed_layers_executes_like_the_global_step():
+    text = SPEC.replace("  CP+SP:", "  CP+R:\n    tactics: [*cp, *tp, {remat: {values: ['layers.*']}}]\n  CP+SP:")
+    planned = plan_spec(parse_spec(text), schedule="CP+R")
+    assert sum(op.kind == "attention" for op in planned.model.function.ops) == 2 * L  # forward and recomputed
+    assert_lowering_matches(planned.model, planned.lowered)
+
+
+def test_a_manual_pattern_names_parameters_first_then_op_results():
+    spec = parse_spec(SPEC.replace('"layers.*.attn.context": 2}', '"layers.*.attn.nothing": 2}'))
+    with pytest.raises(TacticError, match=r"schedule.3.manual: no parameter matches 'layers.\*.attn.nothing'"):
+        plan_spec(spec, schedule="Ulysses")
+
+
+@pytest.mark.parametrize("schedule, roles", [
+    ("TP+SP", {"context": [DATA], "model": [TENSOR, SEQUENCE]}),
+    ("CP", {"context": [CONTEXT], "model": [TENSOR]}),
+    ("CP+SP", {"context": [CONTEXT], "model": [TENSOR, SEQUENCE]}),
+    ("Ulysses", {"context": [ULYSSES], "model": [DATA]}),
+])
+def test_the_report_names_each_axis_role(schedule, roles):
+    planned = plan_spec(parse_spec(SPEC), schedule=schedule)
+    assert axis_roles(planned.model, planned.nda, planned.sharding) == roles
+    assert plan_report(planned, "none")["scheme"] == roles
+
+
+def test_zero_levels_are_named_where_most_weights_take_them():
+    """ZeRO-3 when the weights are stored split and read whole; ZeRO-1/2 when
+    only their optimizer state is split; an axis that splits nothing has no role."""
+    text = SPEC + """
+  Z3:
+    tactics:
+      - {manual: {axis: context, values: {batch.tokens: 0}}}
+      - {manual: {axis: context, values: {"*": first_divisible}}}
+  Z2:
+    tactics:
+      - {manual: {axis: context, values: {batch.tokens: 0}}}
+      - replicate: {axis: context, values: ["layers.*.new", "embed.table.new", "final_norm.scale.new", "unembed.new"]}
+      - {manual: {axis: context, values: {"opt.*": first_divisible}}}
+"""
+    spec = parse_spec(text)
+    z3 = plan_spec(spec, schedule="Z3")
+    assert axis_roles(z3.model, z3.nda, z3.sharding) == {"context": [DATA, ZERO3], "model": []}
+    z2 = plan_spec(spec, schedule="Z2")
+    assert axis_roles(z2.model, z2.nda, z2.sharding) == {"context": [DATA, ZERO12], "model": []}
