@@ -2,6 +2,8 @@
 (tests/fixtures/, written by tools/export_fixtures.py; no jax needed here)
 and on small hand-checked texts: values, names, partitioning, errors."""
 
+import re
+
 import numpy as np
 import pytest
 from conftest import ROOT, shardplan
@@ -233,3 +235,29 @@ def test_stablehlo_spec_build_errors(tmp_path):
 def test_load_stablehlo_reads_a_file():
     fn = load_stablehlo(str(FIXTURES / "mlp_train.mlir"))
     assert [p.name for p in fn.params][:2] == ["arg0", "arg1"]  # no names in jax's text, none given
+
+
+MIXED = """module @m {
+  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<3x4xbf16>) -> (tensor<2x4xf32>) {
+    %0 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT], \
+algorithm = <lhs_precision_type = bf16, rhs_precision_type = bf16, accumulation_type = f32, \
+lhs_component_count = 1, rhs_component_count = 1, num_primitive_operations = 1, allow_imprecise_accumulation = false> \
+: (tensor<2x3xf32>, tensor<3x4xbf16>) -> tensor<2x4xf32>
+    return %0 : tensor<2x4xf32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("algorithm, computed", [(True, "bf16"), (False, "f32")])
+def test_a_contraction_of_two_dtypes_runs_at_the_algorithms_precision(algorithm, computed):
+    """jax's attention multiplies f32 probabilities by bf16 values, naming
+    bf16 inputs in the `algorithm`: both operands are converted to it (the
+    products run at bf16's rate); without an algorithm, to the wider dtype."""
+    text = MIXED if algorithm else re.sub(r"algorithm = <[^>]*> ", "", MIXED)
+    fn = import_stablehlo(text, "mixed.mlir")
+    (dot,) = [op for op in fn.ops if op.kind == "dot_general"]
+    assert [v.type.dtype for v in dot.operands] == [computed, computed]
+    assert fn.results[0].type.dtype == "f32"
+    x, w = np.arange(6.0).reshape(2, 3) / 4, np.arange(12.0).reshape(3, 4) / 8  # exact in bf16
+    np.testing.assert_allclose(run(fn, [x, w], float_dtype=np.float64)[0], x @ w)

@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from ir.core import FLOAT_DTYPES, TensorType, Value
+from ir.core import DTYPES, FLOAT_DTYPES, TensorType, Value
 from ir.interpret import numpy_dtype
 from ir.opset.reduction import identity
 from ir.stablehlo.importer import KNOWN_LIMIT, Importer, Scope, handles, region_combiner
@@ -213,12 +213,27 @@ def dot_general(imp: Importer, stmt: Stmt, scope: Scope) -> list[Value]:
         return [[int(v) for v in side.split(",") if v.strip()] for side in m.groups()]
 
     (want,) = imp.declared(stmt)
+    if a.type.dtype != b.type.dtype:
+        a, b = _common_precision(imp, stmt, a, b)
     out = imp.checked(stmt, scope, "dot_general", [a, b], contract=pair("contracting_dims"),
                       batch=pair("batching_dims")) if a.type.dtype == want.dtype else None
     if out is None:  # preferred_element_type: computed in the operands' type, then converted
         out = imp.op("dot_general", [a, b], contract=pair("contracting_dims"), batch=pair("batching_dims"))
         out = imp.checked(stmt, scope, "convert", [out], dtype=want.dtype)
     return [out]
+
+
+def _common_precision(imp: Importer, stmt: Stmt, a: Value, b: Value) -> tuple[Value, Value]:
+    """Operands of two dtypes (jax's attention multiplies f32 probabilities by
+    bf16 values) in one: the precision the statement's `algorithm` names for
+    its inputs (`lhs_precision_type = bf16`: XLA rounds the operand to it),
+    else the wider of the two. The products run at that dtype's rate."""
+    named = re.search(r"lhs_precision_type\s*=\s*(\w+)\s*,\s*rhs_precision_type\s*=\s*(\w+)", stmt.rest)
+    if named and named.group(1) == named.group(2) and named.group(1) in DTYPES:
+        dtype = named.group(1)
+    else:
+        dtype = max((a.type.dtype, b.type.dtype), key=lambda d: TensorType((), d).num_bytes)
+    return tuple(x if x.type.dtype == dtype else imp.op("convert", [x], dtype=dtype) for x in (a, b))
 
 
 def reduction_combiner(imp: Importer, stmt: Stmt, text: str) -> tuple[str, str]:

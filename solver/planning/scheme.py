@@ -112,8 +112,10 @@ def _weight_axes(model: Model, nda: NDA, sharding: FactorSharding) -> tuple[set[
 def _attention_axes(nda: NDA, sharding: FactorSharding) -> tuple[set[str], set[str]]:
     """(axes on the queries, axes on the heads) of the program's attention:
     the fused `attention` ops' query positions and key/value or query heads
-    or, without them, the query side of dense attention's scores (an
-    einsum whose result has two dimensions of the sequence's color)."""
+    or, without them, the query side of dense attention's scores: a
+    contraction whose result has two dimensions of one color (queries and
+    keys, both the sequence's), the first of them the queries, as the
+    builders and jax's attention lay them out."""
     fn = nda.function
     queries: set[str] = set()
     heads: set[str] = set()
@@ -125,7 +127,7 @@ def _attention_axes(nda: NDA, sharding: FactorSharding) -> tuple[set[str], set[s
     if fused:
         return queries, heads
     for op in fn.ops:
-        if op.kind == "dot_general" and op.results[0].name.endswith("scores"):
+        if op.kind == "dot_general":
             r = op.results[0]
             colors = [nda.def_color(r, d) for d in range(r.type.rank)]
             dims = sharding.def_dims(nda, r)
