@@ -5,10 +5,12 @@ For every spec under specs/long_context/ (Llama-3-8B-shaped at 128k tokens
 on 64 H100s, Llama-2-70B-shaped at 32k on 128), each named schedule (TP+SP,
 context parallelism with all-gathered K/V, Ulysses, ...) is planned as
 written and the spec is searched by CP-SAT (`--solver cpsat`, its named
-schedules as the expert floor), each run as a user runs it, in a process
-of its own: the scheme the report names for each mesh axis, the
-microbatches chosen (`microbatches: auto`: the fewest that fit), the step
-time and peak memory per device, whether it fits, the wall time.
+schedules as the expert floor); the 8B-shaped spec is also planned with
+its mesh left to the planner (`mesh: {data: auto, context: auto, model:
+auto}`, `--jobs 2`). Each runs as a user runs it, in a process of its own:
+the scheme the report names for each mesh axis, the microbatches chosen
+(`microbatches: auto`: the fewest that fit), the step time and peak memory
+per device, whether it fits, the wall time.
 
     python bench/long_context.py [--json] [--write-readme]
 """
@@ -20,6 +22,7 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +32,8 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ("specs/long_context/llama3_8b_128k.yaml", "specs/long_context/llama2_70b_32k.yaml")
+MESH_AUTO = ("specs/long_context/llama3_8b_128k.yaml", "mesh: {context: 8, model: 8}",
+             "mesh: {data: auto, context: auto, model: auto}")
 SHORT = {"data parallel": "DP", "context parallel (K/V all-gathered)": "CP", "Ulysses (all_to_all around attention)":
          "Ulysses", "tensor parallel": "TP", "sequence parallel": "SP", "ZeRO-3 (weights gathered where read)":
          "ZeRO-3", "ZeRO-1/2 (optimizer state split)": "ZeRO-1/2"}
@@ -46,6 +51,8 @@ def plan(spec: str, *flags: str) -> dict:
     report = json.loads(out.stdout)
     cost = report["cost"]
     floor = report.get("expert_floor") or {}
+    if report.get("mesh_search"):
+        row["mesh"] = next(r["mesh"] for r in report["mesh_search"] if r["best"])
     row.update(scheme=report["scheme"], step_time_s=cost["step_time_s"], peak_gib=cost["peak_memory_bytes"] / 2**30,
                fits=cost["fits"], microbatches=(report.get("pipeline") or {}).get("microbatches", 1),
                schedule=report["schedule"], floor_kept=floor.get("kept", False),
@@ -74,6 +81,8 @@ def table(rows: list[dict]) -> str:
             continue
         if what == "CP-SAT":
             what = f"CP-SAT ({r['status']}" + (", the floor kept" if r["floor_kept"] else "") + ")"
+        if "mesh" in r:
+            what += ", `mesh: auto`: " + " x ".join(f"{a} {n}" for a, n in r["mesh"].items())
         lines.append(f"| {name} | {what} | {scheme_text(r['scheme'])} | {r['microbatches']} | "
                      f"{r['step_time_s']:.2f} s | {r['peak_gib']:.1f} GiB | {'yes' if r['fits'] else 'no'} | "
                      f"{r['wall_s']:.0f} s |")
@@ -91,6 +100,12 @@ def main() -> None:
             rows.append(plan(spec, "--schedule", name))
             print(json.dumps(rows[-1]), file=sys.stderr)
         rows.append(plan(spec, "--solver", "cpsat"))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    spec, fixed, auto = MESH_AUTO
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / Path(spec).name
+        path.write_text((ROOT / spec).read_text().replace(fixed, auto))
+        rows.append({**plan(str(path), "--solver", "cpsat", "--jobs", "2"), "spec": spec})
         print(json.dumps(rows[-1]), file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -43,6 +43,7 @@ forward and once in the backward pass).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,9 @@ class LoweringError(IRError):
 @dataclass(frozen=True, slots=True)
 class LowerOptions:
     reuse_resharded: bool = False
+    # Run the context-parallel attention kernels over this axis as rings (`ir.ring_attention`), a
+    # rewrite of the whole device-local program.
+    ring_axis: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +456,13 @@ def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOption
     """The device-local program of `fn` under `sharding` (see the module docstring)."""
     if nda.function is not fn:
         raise LoweringError("the NDA was computed for a different function")
-    return _Lowering(fn, nda, sharding, options or LowerOptions()).run()
+    options = options or LowerOptions()
+    lowered = _Lowering(fn, nda, sharding, options).run()
+    if options.ring_axis is None:
+        return lowered
+    from ir.ring_attention import ring_attention  # a rewrite of the lowered program, which imports this module
+
+    return dataclasses.replace(lowered, function=ring_attention(lowered.function, options.ring_axis))
 
 
 def lower_ops(fn: Function, nda: NDA, sharding: FactorSharding, keep: Sequence[int],

@@ -71,6 +71,9 @@ COLLECTIVE_CASES = [
     CollectiveCase("collective_permute", "next", (3, 5), {"shift": 1}, lambda xs, r: received(xs, r, 1)),
     CollectiveCase("collective_permute", "previous", (3, 5), {"shift": -1}, lambda xs, r: received(xs, r, -1)),
     CollectiveCase("collective_permute", "skip_one", (3, 5), {"shift": 2}, lambda xs, r: received(xs, r, 2)),
+    # A ring (ring attention's K/V blocks): the first member gets the last's.
+    CollectiveCase("collective_permute", "ring", (3, 5), {"shift": 1, "cyclic": True},
+                   lambda xs, r: xs[(r - 1) % len(xs)]),
 ]
 
 MESHES = {"x4": Mesh.of(x=4), "b2m3": Mesh.of(batch=2, model=3)}

@@ -11,8 +11,8 @@ from spmd_check import assert_lowering_matches, model_inputs
 from ir.autodiff import training_step
 from ir.interpret import run
 from ir.models import transformer
-from solver.planning.planner import collective_counts, plan_report, plan_spec
-from solver.planning.scheme import CONTEXT, DATA, SEQUENCE, TENSOR, ULYSSES, ZERO3, ZERO12, axis_roles
+from solver.planning.planner import collective_counts, plan_report, plan_spec, simulate_planned
+from solver.planning.scheme import CONTEXT, DATA, RING, SEQUENCE, TENSOR, ULYSSES, ZERO3, ZERO12, axis_roles, ring_axes
 from solver.planning.spec import parse_spec
 from solver.planning.tactics import TacticError
 
@@ -76,6 +76,8 @@ schedules:
       - {replicate: {axis: context, values: {"layers.*.attn.context": 1}}}
       - *cp
       - {manual: {axis: context, values: {"layers.*.attn.context": 2}}}
+  Ring:
+    tactics: [*cp, *tp, {ring_attention: {axis: context}}]
 """
 L, P = 2, 3 + 9 * 2  # layers; trainable tensors (embedding, final norm, unembedding; 9 a layer)
 
@@ -95,6 +97,10 @@ L, P = 2, 3 + 9 * 2  # layers; trainable tensors (embedding, final norm, unembed
     # backward q, k, v, o and do to heads for each kernel that reads them, o back for wo's gradient, and
     # the gradients back to the sequence at each of their readers (14). No all_gather: nothing whole.
     ("Ulysses", {"all_reduce": P + 1, "all_to_all": 18 * L}),
+    # Ring attention on 2 devices: per layer each of K, V and their positions passed once in the forward
+    # (3) and once in the backward (3), the blocks' dk, dv twice (around and home); each kernel's key
+    # positions sliced to the device's block beside its query positions (4).
+    ("Ring", {"all_reduce": P + 1 + 4 * L, "collective_permute": 8 * L, "all_slice": 4 * L}),
 ])
 def test_long_context_schemes_execute_like_the_global_step(schedule, counts):
     planned = plan_spec(parse_spec(SPEC), schedule=schedule)
@@ -121,10 +127,11 @@ def test_a_manual_pattern_names_parameters_first_then_op_results():
     ("CP", {"context": [CONTEXT], "model": [TENSOR]}),
     ("CP+SP", {"context": [CONTEXT], "model": [TENSOR, SEQUENCE]}),
     ("Ulysses", {"context": [ULYSSES], "model": [DATA]}),
+    ("Ring", {"context": [RING], "model": [TENSOR]}),
 ])
 def test_the_report_names_each_axis_role(schedule, roles):
     planned = plan_spec(parse_spec(SPEC), schedule=schedule)
-    assert axis_roles(planned.model, planned.nda, planned.sharding) == roles
+    assert axis_roles(planned.model, planned.nda, planned.sharding, ring_axes(planned.lowered.function)) == roles
     assert plan_report(planned, "none")["scheme"] == roles
 
 
@@ -147,3 +154,57 @@ def test_zero_levels_are_named_where_most_weights_take_them():
     assert axis_roles(z3.model, z3.nda, z3.sharding) == {"context": [DATA, ZERO3], "model": []}
     z2 = plan_spec(spec, schedule="Z2")
     assert axis_roles(z2.model, z2.nda, z2.sharding) == {"context": [DATA, ZERO12], "model": []}
+
+
+RING_OF_4 = SPEC.replace("seq: 8, batch: 4", "seq: 16, batch: 2").replace("{context: 2, model: 2}",
+                                                                          "{context: 4, model: 2}")
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_ring_attention_on_four_devices_executes_like_the_global_step(remat):
+    """Each block passes 3 times around a ring of 4 in the forward (and its
+    recomputation) and in the backward, whose dq and dkv kernels share the
+    passes; dk and dv travel 3 steps with their block and one home."""
+    text = RING_OF_4 + ("      - {remat: {values: ['layers.*']}}\n" if remat else "")
+    text = text.replace("tactics: [*cp, *tp, {ring_attention: {axis: context}}]",
+                        "tactics:\n      - *cp\n      - *tp\n      - {ring_attention: {axis: context}}")
+    planned = plan_spec(parse_spec(text), schedule="Ring")
+    counts = collective_counts(planned.lowered)
+    forward = 3 * 3 * (2 if remat else 1)
+    assert counts["collective_permute"] == (forward + 3 * 3 + 4) * L
+    assert counts["all_gather"] == counts["reduce_scatter"] == 0
+    assert_lowering_matches(planned.model, planned.lowered)
+
+
+def test_the_simulator_overlaps_the_ring_with_the_blocks():
+    """Sequences of 32k tokens, multi-head attention (K and V as large as
+    q) on 8 devices over InfiniBand: the ring moves no more bytes than the
+    gathers it replaces, and its passes hide behind the blocks' compute."""
+    text = """
+model:
+  builder: transformer
+  args: {layers: 2, d_model: 1024, heads: 16, head_dim: 64, mlp_hidden: 4096, vocab: 1024, seq: 32768, batch: 1,
+         dtype: bf16, attention: flash}
+  step: train
+mesh: {context: 8}
+hardware: {preset: H100-SXM, links: {context: infiniband}}
+schedules:
+  CP:
+    tactics: [&cp {manual: {axis: context, values: {batch.tokens: 1}}}]
+  Ring:
+    tactics: [*cp, {ring_attention: {axis: context}}]
+"""
+    spec = parse_spec(text)
+    gathered, ring = (plan_spec(spec, schedule=s) for s in ("CP", "Ring"))
+    moved = gathered.assessment.cost.seconds_by_kind
+    assert ring.assessment.cost.communication_s <= gathered.assessment.cost.communication_s
+    assert ring.assessment.cost.seconds_by_kind["collective_permute"] <= moved["all_gather"] + moved["reduce_scatter"]
+    overlapped = simulate_planned(ring)
+    assert overlapped.exposed_communication_s < 0.8 * ring.assessment.cost.communication_s
+    assert overlapped.makespan_s < simulate_planned(gathered).makespan_s
+
+
+def test_ring_attention_with_microbatches_is_refused():
+    text = SPEC.replace("mesh: {context: 2, model: 2}", "mesh: {context: 2, model: 2}\nmicrobatches: 2")
+    with pytest.raises(NotImplementedError, match="ring_attention with microbatches or a pipeline is not built"):
+        plan_spec(parse_spec(text), schedule="Ring")

@@ -135,5 +135,5 @@ def test_spec_schedule_errors():
     with pytest.raises(Exception, match="t.yaml: schedule.0: unknown mesh axis 'model'; mesh axes: batch"):
         parse_spec(text, "t.yaml")
     text = head + "  - {}\n"
-    with pytest.raises(Exception, match="exactly one of manual, replicate, resolve, remat, auto"):
+    with pytest.raises(Exception, match="exactly one of manual, replicate, resolve, remat, ring_attention, auto"):
         parse_spec(text, "t.yaml")

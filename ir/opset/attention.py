@@ -61,7 +61,8 @@ from ir.opdef import (
     require,
 )
 
-ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", lambda v: _attr_bool(v), True))
+ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", lambda v: _attr_bool(v), True),
+         AttrSpec("stats", lambda v: _attr_bool(v), False))
 PASSES = {"attention": 2, "attention_dq": 3, "attention_dkv": 4}  # matmul-sized passes (module docstring)
 
 
@@ -71,7 +72,7 @@ def _attr_bool(v: Any) -> bool:
     return v
 
 
-def _check(kind: str, types: Types) -> tuple[TensorType, ...]:
+def _check(kind: str, types: Types, stats: bool = False) -> tuple[TensorType, ...]:
     q, k, v, q_pos, k_pos = types[:5]
     require(q.rank == 5, f"{kind}: q must be [batch, seq, kv_heads, heads per kv head, head_dim], got {q}")
     require(k.rank == 4 and v.rank == 4, f"{kind}: k and v must be [batch, seq, kv_heads, head_dim], got {k}, {v}")
@@ -83,39 +84,56 @@ def _check(kind: str, types: Types) -> tuple[TensorType, ...]:
             f"{kind}: q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     require(q_pos.shape == (s,) and k_pos.shape == (k.shape[1],) and q_pos.dtype == k_pos.dtype == "i32",
             f"{kind}: positions must be i32 [{s}] and [{k.shape[1]}], got {q_pos}, {k_pos}")
-    for extra in types[5:]:
-        require(extra == q, f"{kind}: o and do must be like q {q}, got {extra}")
+    if len(types) > 5:
+        o, do = types[5:]
+        want_o = _with_stats(q) if stats else q
+        require(o == want_o, f"{kind}: o must be {want_o}, got {o}")
+        require(do == q, f"{kind}: do must be like q {q}, got {do}")
     return q, k
 
 
+def _with_stats(q: TensorType) -> TensorType:
+    """o and each query row's log-sum-exp, one more channel, in f32: what a
+    block of ring attention returns to be merged."""
+    return TensorType((*q.shape[:-1], q.shape[-1] + 1), "f32")
+
+
 def _infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    return (_check("attention", types)[0],)
+    q = _check("attention", types)[0]
+    return (_with_stats(q) if attrs["stats"] else q,)
 
 
 def _dq_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    return (_check("attention_dq", types)[0],)
+    return (_check("attention_dq", types, attrs["stats"])[0],)
 
 
 def _dkv_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
-    _, k = _check("attention_dkv", types)
+    _, k = _check("attention_dkv", types, attrs["stats"])
     return (TensorType((2, *k.shape), k.dtype),)
 
 
 _Q, _KV, _QPOS, _KPOS = ("b", "s", "g", "r", "h"), ("b", "t", "g", "h"), ("s",), ("t",)
 
 
+_O = ("b", "s", "g", "r", "c")  # o with its statistics: the head dim and one more channel
+
+
 def _factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS], [_Q], opaque=["h", "t"])
+    out = _O if attrs["stats"] else _Q
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS], [out],
+                            opaque=["h", "t", "c"])
 
 
 def _dq_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, _Q, _Q], [_Q],
-                            opaque=["h", "t"])
+    o = _O if attrs["stats"] else _Q
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, o, _Q], [_Q],
+                            opaque=["h", "t", "c"])
 
 
 def _dkv_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> FactorRule:
-    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, _Q, _Q],
-                            [("two", *_KV)], combiners={"s": "sum", "r": "sum"}, opaque=["h", "t", "two"])
+    o = _O if attrs["stats"] else _Q
+    return FactorRule.build(operand_types, result_types, [_Q, _KV, _KV, _QPOS, _KPOS, o, _Q],
+                            [("two", *_KV)], combiners={"s": "sum", "r": "sum"}, opaque=["h", "t", "two", "c"])
 
 
 def _cost(operand_types: Types, result_types: Types, attrs: Attrs, passes: int) -> OpCost:
@@ -125,14 +143,24 @@ def _cost(operand_types: Types, result_types: Types, attrs: Attrs, passes: int) 
     return OpCost(flops, io_bytes(operand_types, result_types))
 
 
-def _probabilities(q, k, q_pos, k_pos, attrs: Attrs) -> np.ndarray:
-    """P [B, G, R, S, T]: the softmax over keys of the scaled, masked scores."""
+def _scores(q, k, q_pos, k_pos, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
+    """(the scaled scores [B, G, R, S, T] with the masked ones -inf, which are visible)."""
     dtype = np.promote_types(q.dtype, np.float32)
     scores = np.einsum("bsgrh,btgh->bgrst", q.astype(dtype), k.astype(dtype)) * attrs["scale"]
     visible = np.ones(scores.shape[-2:], dtype=bool)
     if attrs["causal"]:
         visible = q_pos[:, None] >= k_pos[None, :]
-    scores = np.where(visible, scores, -np.inf)
+    return np.where(visible, scores, -np.inf), visible
+
+
+def _probabilities(q, k, q_pos, k_pos, attrs: Attrs, lse=None) -> np.ndarray:
+    """P [B, G, R, S, T]: the softmax over keys of the scaled, masked scores;
+    with `lse` [B, G, R, S] (a row's log-sum-exp over more keys than these:
+    ring attention's backward), exp(score - lse) for these keys."""
+    scores, visible = _scores(q, k, q_pos, k_pos, attrs)
+    if lse is not None:
+        shift = np.where(np.isfinite(lse), lse, 0.0)[..., None]
+        return np.where(visible, np.exp(scores - shift), 0.0)
     top = scores.max(axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
     e = np.where(visible, np.exp(scores - top), 0.0)
@@ -143,13 +171,25 @@ def _probabilities(q, k, q_pos, k_pos, attrs: Attrs) -> np.ndarray:
 def _impl(args, attrs: Attrs):
     q, k, v, q_pos, k_pos = args
     p = _probabilities(q, k, q_pos, k_pos, attrs)
-    return (np.einsum("bgrst,btgh->bsgrh", p, v.astype(p.dtype)),)
+    o = np.einsum("bgrst,btgh->bsgrh", p, v.astype(p.dtype))
+    if not attrs["stats"]:
+        return (o,)
+    scores, _ = _scores(q, k, q_pos, k_pos, attrs)
+    top = scores.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # a row with no visible key: log 0 = -inf
+        lse = (np.log(np.exp(scores - safe).sum(axis=-1, keepdims=True)) + safe)[..., 0]  # [B, G, R, S]
+    return (np.concatenate([o, np.moveaxis(lse, 3, 1)[..., None]], axis=-1),)
 
 
 def _score_grads(args, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
-    """(P, dS): the probabilities and the cotangent of the scaled scores."""
+    """(P, dS): the probabilities and the cotangent of the scaled scores.
+    With `stats`, o carries the whole row's log-sum-exp: these keys' share."""
     q, k, v, q_pos, k_pos, o, do = args
-    p = _probabilities(q, k, q_pos, k_pos, attrs)
+    lse = None
+    if attrs["stats"]:
+        o, lse = o[..., :-1], np.moveaxis(o[..., -1], 1, 3)  # [B, S, G, R] -> [B, G, R, S]
+    p = _probabilities(q, k, q_pos, k_pos, attrs, lse)
     do = do.astype(p.dtype)
     dp = np.einsum("bsgrh,btgh->bgrst", do, v.astype(p.dtype))
     row = np.einsum("bsgrh,bsgrh->bgrs", do, o.astype(p.dtype))[..., None]  # rowsum(dO * O) = rowsum(P * dP)
@@ -172,6 +212,9 @@ def _dkv_impl(args, attrs: Attrs):
 
 def _vjp(b, op, g, wanted):
     """dq from `attention_dq`; dk and dv sliced from one `attention_dkv`."""
+    if op.attrs["stats"]:
+        raise NotImplementedError("attention with stats is ring attention's block, made after autodiff "
+                                  "(ir/ring_attention.py): it has no VJP")
     q, k, v, q_pos, k_pos = op.operands
     attrs = {"scale": op.attrs["scale"], "causal": op.attrs["causal"]}
     inputs = [q, k, v, q_pos, k_pos, op.results[0], g]

@@ -16,9 +16,11 @@ With k = the group size:
   all_to_all<src_dim, dst_dim, axes>
                                == all_slice<dst_dim>(all_gather<src_dim>(x)):
                                moves the axes' sharding from src_dim to dst_dim
-  collective_permute<axes, shift>
+  collective_permute<axes, shift, cyclic>
                                member r gets member r - shift's value, zeros
-                               where r - shift is outside [0, k) (not cyclic)
+                               where r - shift is outside [0, k); with
+                               `cyclic` (a ring: ring attention's K/V
+                               blocks), member (r - shift) mod k's
 
 Over several axes, all_gather<(a, b)> == all_gather<a>(all_gather<b>(x)).
 """
@@ -133,7 +135,15 @@ def _collective_permute(arrays: list[np.ndarray], attrs: Attrs) -> list[np.ndarr
     # XLA's collective-permute with the pairs (i, i + shift): a chain, not a
     # ring, so the members nobody sends to get zeros (a pipeline's first stage).
     k, shift = len(arrays), attrs["shift"]
+    if attrs["cyclic"]:
+        return [arrays[(r - shift) % k].copy() for r in range(k)]
     return [arrays[r - shift].copy() if 0 <= r - shift < k else np.zeros_like(arrays[r]) for r in range(k)]
+
+
+def _attr_bool(v) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
 
 
 def _check_combiner(kind: str, x: TensorType, combiner: str) -> None:
@@ -205,7 +215,8 @@ register(OpDef(
     spmd_impl=_per_group(_all_to_all), doc="move the axes' sharding from src_dim to dst_dim",
 ))
 register(OpDef(
-    "collective_permute", "collective", 1, (AXES, AttrSpec("shift", attr_int)), _collective_permute_infer,
-    elementwise_factors, _move_cost, spmd_impl=_per_group(_collective_permute),
-    doc="member r gets member r - shift's value along the axes (zeros where there is none)",
+    "collective_permute", "collective", 1,
+    (AXES, AttrSpec("shift", attr_int), AttrSpec("cyclic", lambda v: _attr_bool(v), False)),
+    _collective_permute_infer, elementwise_factors, _move_cost, spmd_impl=_per_group(_collective_permute),
+    doc="member r gets member r - shift's value along the axes (zeros where there is none; mod k if cyclic)",
 ))

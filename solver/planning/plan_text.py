@@ -109,6 +109,21 @@ def format_floor(floor: dict[str, Any], step_time_s: float) -> str:
     return f"{head}: the searched plan is {gain:.1%} faster" if gain > 0 else f"{head}: the search found it too"
 
 
+def format_named(floor: dict[str, Any], shown: int = 8) -> str:
+    """The named schedules the floor priced, each with its step time and
+    peak memory: what the plan above was compared with."""
+    parts = []
+    for e in floor["schedules"][:shown]:
+        if e["error"]:
+            parts.append(f"{e['schedule']} (no plan: {e['error']})")
+            continue
+        fit = "" if e["fits"] else ", does not fit"
+        memory = format_bytes(e["peak_memory_bytes"])
+        parts.append(f"{e['schedule']} {format_seconds(e['step_time_s'])} at {memory}{fit}")
+    more = len(floor["schedules"]) - shown
+    return "  priced: " + "; ".join(parts) + (f"; and {more} more (--json lists them)" if more > 0 else "")
+
+
 def _grouped(decisions: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(axis, text) per line. Decisions on one axis of the same parameter
     dimension in repeated layers (the same `pattern`, with a `*`) print once,
@@ -170,6 +185,7 @@ def format_plan(report: dict[str, Any], shown: int = 20) -> str:
         lines.append(format_search(r))
     if report["expert_floor"]:
         lines.append(format_floor(report["expert_floor"], report["cost"]["step_time_s"]))
+        lines.append(format_named(report["expert_floor"]))
     if report["search"] and report["pipeline"] and report["pipeline"]["stages"] == 1:
         lines.append("  (searched on the whole batch's step; the cost below is the accumulated step's)")
     elif report["search"] and report["pipeline"]:

@@ -41,9 +41,9 @@ from solver.planning.pipelining import (
     search_nda,
 )
 from solver.planning.plan_text import format_bytes
-from solver.planning.scheme import axis_roles
+from solver.planning.scheme import axis_roles, ring_axes
 from solver.planning.spec import Spec, SpecError
-from solver.planning.tactics import Auto, Pin, Tactic, apply_schedule
+from solver.planning.tactics import Auto, Pin, RingAttention, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
 
 SOLVERS = ("none", "cpsat", "mcts")
@@ -362,6 +362,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     planning = search_nda(spec, model, nda)  # the batch as a microbatch's plans split it
     seconds = dict(prepared.seconds)
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
+    options = _with_ring(spec, tactics, options)
     t0 = time.perf_counter()
     mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
     search = _Search(model, planning, mesh, search_hardware(spec, hardware), progress)
@@ -393,6 +394,19 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     seconds["cost"] = time.perf_counter() - t0
     return Planned(spec, model, nda, plan, sharding, lowered, assessment, seconds, tuple(search.reports),
                    spec.schedule_name(schedule), remat, pipeline=pipeline, pipeline_cost=pipeline_cost)
+
+
+def _with_ring(spec: Spec, tactics: list[Tactic], options: LowerOptions | None) -> LowerOptions | None:
+    """The lowering options with the schedule's `ring_attention` axis, if it names one."""
+    rings = [t.axis for t in tactics if isinstance(t, RingAttention)]
+    if not rings:
+        return options
+    if spec.pipelined:
+        raise NotImplementedError(
+            f"{spec.source}: ring_attention with microbatches or a pipeline is not built: the ring's merged "
+            "statistics would have to cross from the forward's task to the backward's; plan the whole batch at "
+            "once (no microbatches)")
+    return dataclasses.replace(options or LowerOptions(), ring_axis=rings[0])
 
 
 def complete(planned: Planned, options: LowerOptions | None = None) -> Planned:
@@ -583,7 +597,8 @@ def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None)
         "mesh": dict(planned.spec.mesh_obj().axes),
         "plan": planned.plan.to_json(planned.nda),
         "collectives": planned_counts(planned),
-        "scheme": axis_roles(planned.model, planned.nda, planned.sharding),
+        "scheme": axis_roles(planned.model, planned.nda, planned.sharding,
+                             ring_axes(planned.lowered.function) if planned.lowered is not None else frozenset()),
         "cost": cost_report(planned.assessment, planned.spec.hardware_name),
         "simulated": None if planned.pipeline is not None else {
             "makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,

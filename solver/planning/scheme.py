@@ -8,7 +8,9 @@ the report of a searched plan says which scheme the search chose:
   data parallel      a batch input's batch dimension holds the axis;
   context parallel   a fused attention op's queries hold it (its keys are
                      whole there, so K and V are all-gathered: Llama 3's
-                     scheme); with dense attention, the scores' query side;
+                     scheme, or passed around as a ring where the lowering
+                     ran ring attention); with dense attention, the scores'
+                     query side;
   Ulysses            the sequence holds it around attention and the heads
                      inside, with no weight read split along it (all_to_all
                      before and after attention);
@@ -26,18 +28,22 @@ them in the report say what that costs.
 
 from __future__ import annotations
 
+from ir.core import Function
 from ir.models.base import Model
 from ir.nda import NDA
 from ir.sharding import FactorSharding
 
 DATA, CONTEXT, ULYSSES = "data parallel", "context parallel (K/V all-gathered)", "Ulysses (all_to_all around attention)"
+RING = "context parallel (ring of K/V blocks)"
 TENSOR, SEQUENCE = "tensor parallel", "sequence parallel"
 ZERO3, ZERO12 = "ZeRO-3 (weights gathered where read)", "ZeRO-1/2 (optimizer state split)"
 
 
-def axis_roles(model: Model, nda: NDA, sharding: FactorSharding) -> dict[str, list[str]]:
+def axis_roles(model: Model, nda: NDA, sharding: FactorSharding, rings: frozenset[str] = frozenset()
+               ) -> dict[str, list[str]]:
     """Per mesh axis, the roles it plays (module docstring), in a fixed order;
-    an axis that splits nothing has none."""
+    an axis that splits nothing has none. `rings`: the axes the lowering ran
+    ring attention over (`ring_axes`)."""
     batch, sequence = _batch_axes(model, nda, sharding)
     queries, heads = _attention_axes(nda, sharding)
     read, stored, state = _weight_axes(model, nda, sharding)
@@ -47,7 +53,7 @@ def axis_roles(model: Model, nda: NDA, sharding: FactorSharding) -> dict[str, li
         if axis in batch:
             here.append(DATA)
         if axis in queries:
-            here.append(CONTEXT)
+            here.append(RING if axis in rings else CONTEXT)
         elif axis in heads and axis in sequence and axis not in read:
             here.append(ULYSSES)
         if axis in read and axis not in batch:
@@ -60,6 +66,12 @@ def axis_roles(model: Model, nda: NDA, sharding: FactorSharding) -> dict[str, li
             here.append(ZERO12)
         roles[axis] = here
     return roles
+
+
+def ring_axes(local: Function) -> frozenset[str]:
+    """The axes a device-local program passes blocks around as a ring (`ir.ring_attention`)."""
+    return frozenset(a for op in local.ops if op.kind == "collective_permute" and op.attrs["cyclic"]
+                     for a in op.attrs["axes"])
 
 
 def _held(dims) -> set[str]:

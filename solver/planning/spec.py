@@ -83,7 +83,7 @@ from ir.remat import layer_segments, rematerialize, select_layers
 from ir.stablehlo import import_module
 from solver.planning.expect import Expectation
 from solver.planning.spec_yaml import SpecError, parse_yaml, read_spec_text, validation_message
-from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, Tactic
+from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, RingAttention, Tactic
 from solver.search import SEARCH_TIME_LIMIT_S
 
 # Stricter than the IR's value names: axis names appear in specs, plans and
@@ -201,21 +201,30 @@ class RematSpec(_Strict):
     values: list[str] = Field(min_length=1)
 
 
+class RingSpec(_Strict):
+    """`ring_attention:` run context parallelism's attention over this axis as a ring of key/value blocks."""
+
+    axis: str
+
+
+TACTIC_KINDS = ("manual", "replicate", "resolve", "remat", "ring_attention", "auto")
+
+
 class TacticSpec(_Strict):
-    """One schedule entry: exactly one of manual, replicate, resolve, remat, auto."""
+    """One schedule entry: exactly one of manual, replicate, resolve, remat, ring_attention, auto."""
 
     manual: ManualSpec | None = None
     replicate: ReplicateSpec | None = None
     resolve: dict[int, Literal[0, 1]] | None = None
     remat: RematSpec | None = None
+    ring_attention: RingSpec | None = None
     auto: AutoSpec | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> TacticSpec:
-        given = [k for k in ("manual", "replicate", "resolve", "remat", "auto") if getattr(self, k) is not None]
+        given = [k for k in TACTIC_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("a schedule entry is exactly one of manual, replicate, resolve, remat, auto; "
-                             f"got {given or 'none'}")
+            raise ValueError(f"a schedule entry is exactly one of {', '.join(TACTIC_KINDS)}; got {given or 'none'}")
         return self
 
     def axes(self) -> list[str]:
@@ -223,6 +232,8 @@ class TacticSpec(_Strict):
             return [self.manual.axis]
         if self.replicate is not None:
             return [self.replicate.axis]
+        if self.ring_attention is not None:
+            return [self.ring_attention.axis]
         return list(self.auto.axes) if self.auto is not None else []
 
     def tactic(self) -> Tactic:
@@ -237,6 +248,8 @@ class TacticSpec(_Strict):
             return Resolve(tuple(sorted(self.resolve.items())))
         if self.remat is not None:
             return Remat(tuple(self.remat.values))
+        if self.ring_attention is not None:
+            return RingAttention(self.ring_attention.axis)
         a = self.auto
         return Auto(tuple(a.axes), a.solver, a.time_limit, a.workers, a.seed, a.iterations, a.rerank)
 
@@ -598,6 +611,14 @@ class Spec(_Strict):
         except IRError as exc:
             raise SpecError(f"{self._source}: {exc}") from exc
         return dataclasses.replace(step, function=rematerialize(step.function, forward_ops, layers))
+
+    def ring_axis(self, name: str | None = None) -> str | None:
+        """The axis the schedule's `ring_attention` names (None: attention's K/V are gathered)."""
+        rings = [t.axis for t in self.tactics(name) if isinstance(t, RingAttention)]
+        if len(set(rings)) > 1:
+            raise SpecError(f"{self._source}: schedule {name}: ring_attention names several axes {rings}; "
+                            "a ring runs over one")
+        return rings[0] if rings else None
 
     def remat(self, name: str | None = None) -> tuple[str, ...]:
         """The layer globs the schedule's remat tactics name, in order."""

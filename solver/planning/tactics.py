@@ -26,6 +26,8 @@ decisions come after, and earlier decisions win on a contended axis).
                          propagating like Manual: the program's own sharding
                          constraints (an imported jax program's
                          `with_sharding_constraint`s), applied first.
+  RingAttention(axis)    run context parallelism's attention over `axis` as
+                         a ring of key/value blocks (a lowering choice).
   Resolve(bits)          set resolution-class bits (`shardplan explain`
                          lists the classes and what each resolution shards).
   Auto(axes, solver, ...) run a search backend on the given axes, after the
@@ -88,6 +90,15 @@ class Remat:
 
 
 @dataclass(frozen=True, slots=True)
+class RingAttention:
+    """Run the attention kernels whose keys and values context parallelism
+    gathers over `axis` as rings instead (`ir.ring_attention`): a choice of
+    the lowering, made after the plan, so `apply_schedule` passes over it."""
+
+    axis: str
+
+
+@dataclass(frozen=True, slots=True)
 class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
@@ -98,7 +109,7 @@ class Auto:
     rerank: int = 1  # CP-SAT: the best distinct plans the simulator re-ranks (1: none)
 
 
-Tactic = Manual | Pin | Replicate | Resolve | Remat | Auto
+Tactic = Manual | Pin | Replicate | Resolve | Remat | RingAttention | Auto
 
 
 Search = Callable[[Plan, Auto, str], Plan]
@@ -127,6 +138,8 @@ def apply_schedule(nda: NDA, mesh: Mesh, schedule: Sequence[Tactic], search: Sea
             plan = plan.with_resolutions(_checked_bits(nda, tactic.bits, where))
         elif isinstance(tactic, Remat):
             continue  # applied to the program when it is built (planner.prepare)
+        elif isinstance(tactic, RingAttention):
+            _check_axis(mesh, tactic.axis, where)  # applied by the lowering (planner._plan)
         else:
             for axis in tactic.axes:
                 _check_axis(mesh, axis, where)
