@@ -350,6 +350,20 @@ class Recent:
 _USERS = Recent(2)
 
 
+def without_dead_ops(fn: Function) -> Function:
+    """`fn` without the ops no result depends on (`fn` itself if there are
+    none): what an import's unrolled loop or a rewrite left unread."""
+    live = set(fn.results)
+    kept = []
+    for op in reversed(fn.ops):
+        if any(r in live for r in op.results):
+            kept.append(op)
+            live.update(op.operands)
+    if len(kept) == len(fn.ops):
+        return fn
+    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results, fn.mesh)
+
+
 def users(fn: Function) -> dict[Value, list[Op]]:
     """Map each value to the ops that use it, in program order (once per op).
     A function does not change, so the map is kept for the last two and

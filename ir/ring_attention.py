@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ir.builder import Builder
-from ir.core import Function, IRError, Op, Value
+from ir.core import Function, IRError, Op, Value, without_dead_ops
 
 
 def ring_attention(fn: Function, axis: str) -> Function:
@@ -66,7 +66,7 @@ def ring_attention(fn: Function, axis: str) -> Function:
                     env[r.result] = total
         elif op not in rings.replaced:
             b.body.append(op if operands == list(op.operands) else Op(op.kind, tuple(operands), op.results, op.attrs))
-    return _without_dead_ops(b.build([env.get(r, r) for r in fn.results]))
+    return without_dead_ops(b.build([env.get(r, r) for r in fn.results]))
 
 
 class _Rings:
@@ -205,14 +205,3 @@ def _backward(b: Builder, kernels: Sequence[Op], operands: Sequence[Value], merg
         if kernel.kind == "attention_dkv":
             (totals[j],) = _passed(b, (totals[j],), axis)
     return totals
-
-
-def _without_dead_ops(fn: Function) -> Function:
-    """`fn` without the ops nothing reads (the gathers a ring replaced)."""
-    live = set(fn.results)
-    kept = []
-    for op in reversed(fn.ops):
-        if any(r in live for r in op.results):
-            kept.append(op)
-            live.update(op.operands)
-    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results, fn.mesh)

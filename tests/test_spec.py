@@ -390,7 +390,8 @@ def test_unknown_key_inside_a_schedule_entry(tmp_path):
     _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manual: {axis: batch, valus: {x: 0}}\n")
     assert ": schedule.0.manual.valus: unknown key; valid keys: axis, values" in message
     _, message = load_error(tmp_path, MODEL + MESH + HARDWARE + "schedule:\n  - manul: {axis: batch}\n")
-    assert ": schedule.0.manul: unknown key; valid keys: manual, replicate, resolve, remat, ring_attention, auto" in message
+    assert (": schedule.0.manul: unknown key; valid keys: manual, replicate, resolve, remat, ring_attention, auto"
+            in message)
 
 
 # ------------------------------------------------------------ errors: file

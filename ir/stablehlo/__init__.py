@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ir.core import Function
+from ir.core import Function, without_dead_ops
 from ir.stablehlo import basic, bitwise, control, indexing, sorting, windows  # noqa: F401  (register handlers)
 from ir.stablehlo.control import sdy_axes
 from ir.stablehlo.importer import HANDLERS, Importer, check_supported, parse_type
@@ -93,24 +93,10 @@ def import_module(text: str, filename: str = "<stablehlo>", param_names: Sequenc
         ty = parse_type(type_text, lambda msg: reader.error(main.line, msg))
         params.append(importer.b.param(n, ty.shape, ty.dtype))
     results = importer.function(main, params, _result_names(main, set(names)), top=True)
-    fn = _without_dead_ops(importer.b.build(results))
+    fn = without_dead_ops(importer.b.build(results))
     defined = {v.name for op in fn.ops for v in op.results}
     origins = {v: ssa for v, ssa in importer.origins.items() if v in defined}
     return ImportedModule(fn, origins, tuple(importer.constraints), tuple(importer.notes))
-
-
-def _without_dead_ops(fn: Function) -> Function:
-    """Drop ops no result depends on: a loop's evaluated conditions, the
-    unused half of a pair (argmax's value), constants only folding read."""
-    live = set(fn.results)
-    kept = []
-    for op in reversed(fn.ops):
-        if any(r in live for r in op.results):
-            kept.append(op)
-            live.update(op.operands)
-    if len(kept) == len(fn.ops):
-        return fn
-    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results, fn.mesh)
 
 
 def _sanitize(info: str) -> str | None:
