@@ -78,6 +78,8 @@ class Lowered:
     function: Function
     param_dims: tuple[DimAxes, ...]
     result_dims: tuple[DimAxes, ...]
+    # A rewrite's new values (ring attention's): each one's global value it was made for.
+    made_for: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +464,9 @@ def lower(fn: Function, nda: NDA, sharding: FactorSharding, options: LowerOption
         return lowered
     from ir.ring_attention import ring_attention  # a rewrite of the lowered program, which imports this module
 
-    return dataclasses.replace(lowered, function=ring_attention(lowered.function, options.ring_axis))
+    made_for: dict[str, str] = {}
+    function = ring_attention(lowered.function, options.ring_axis, made_for)
+    return dataclasses.replace(lowered, function=function, made_for=made_for)
 
 
 def lower_ops(fn: Function, nda: NDA, sharding: FactorSharding, keep: Sequence[int],

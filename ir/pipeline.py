@@ -214,7 +214,11 @@ def pipeline_step(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
         sharding = microbatch_sharding(model, nda, mesh, decisions, microbatches, resolutions, replicated)
     stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
-    pipeline = lower_pipeline(lower(fn, nda, sharding, options), stage_of, forward, stages, schedule, chunks)
+    lowered = lower(fn, nda, sharding, options)
+    if lowered.made_for:  # a rewrite's values go with the value each was made for (ring attention's)
+        stage_of = {**stage_of, **{name: stage_of[made] for name, made in lowered.made_for.items()}}
+        forward |= {name for name, made in lowered.made_for.items() if made in forward}
+    pipeline = lower_pipeline(lowered, stage_of, forward, stages, schedule, chunks)
     by_layer = layer_stages(layer_segments(fn, model.forward_ops), stages)
     return dataclasses.replace(pipeline, stage_layers=tuple(
         tuple(layer for layer, s in by_layer.items() if s == stage) for stage in range(stages)))

@@ -36,26 +36,24 @@ from ir.builder import Builder
 from ir.core import Function, IRError, Op, Value, without_dead_ops
 
 
-def ring_attention(fn: Function, axis: str) -> Function:
+def ring_attention(fn: Function, axis: str, made_for: dict[str, str] | None = None) -> Function:
     """`fn` (device-local) with its context-parallel attention kernels over
-    `axis` run as rings (module docstring)."""
+    `axis` run as rings (module docstring). `made_for`, where given,
+    receives for each value the rings add the result of the kernel it was
+    made for (a pipeline places it with that kernel's stage and phase)."""
     if axis not in fn.mesh.names:
         raise IRError(f"ring attention: the mesh has no axis {axis!r}; its axes: {', '.join(fn.mesh.names)}")
     n = fn.mesh.size(axis)
     rings = _Rings(fn, axis)
     if n == 1 or not rings.forward:
         return fn
-    b = Builder(fn.name, fn.mesh)
-    for p in fn.params:
-        b.add_param(p)
-    for op in fn.ops:  # the ring's new values take names none of these have
-        for r in op.results:
-            b.take_name(r.name)
+    b = _builder(fn)
     env: dict[Value, Value] = {}
     stats: dict[Value, Value] = {}  # a forward kernel's result -> its ring's merged output and statistics
     for op in fn.ops:
         operands = [env.get(v, v) for v in op.operands]
         group = rings.backward.pop(rings.key(op), None) if op.kind.startswith("attention_d") else None
+        start = len(b.body)
         if op.result in rings.forward:
             stats[op.result] = _forward(b, op, operands, rings.gathered, axis, n)
             env[op.result] = _output(b, stats[op.result], op.result.type.dtype)
@@ -66,7 +64,21 @@ def ring_attention(fn: Function, axis: str) -> Function:
                     env[r.result] = total
         elif op not in rings.replaced:
             b.body.append(op if operands == list(op.operands) else Op(op.kind, tuple(operands), op.results, op.attrs))
+            continue
+        if made_for is not None:
+            made_for.update((r.name, op.result.name) for added in b.body[start:] for r in added.results)
     return without_dead_ops(b.build([env.get(r, r) for r in fn.results]))
+
+
+def _builder(fn: Function) -> Builder:
+    """A builder with `fn`'s parameters whose new values take names none of `fn`'s have."""
+    b = Builder(fn.name, fn.mesh)
+    for p in fn.params:
+        b.add_param(p)
+    for op in fn.ops:
+        for r in op.results:
+            b.take_name(r.name)
+    return b
 
 
 class _Rings:

@@ -6,12 +6,12 @@ scheme is known for counted."""
 
 import numpy as np
 import pytest
-from spmd_check import assert_lowering_matches, model_inputs
+from spmd_check import assert_lowering_matches, assert_pipeline_matches, model_inputs
 
 from ir.autodiff import training_step
 from ir.interpret import run
 from ir.models import transformer
-from solver.planning.planner import collective_counts, plan_report, plan_spec, simulate_planned
+from solver.planning.planner import collective_counts, plan_report, plan_spec, planned_counts, simulate_planned
 from solver.planning.scheme import CONTEXT, DATA, RING, SEQUENCE, TENSOR, ULYSSES, ZERO3, ZERO12, axis_roles, ring_axes
 from solver.planning.spec import parse_spec
 from solver.planning.tactics import TacticError
@@ -204,7 +204,17 @@ schedules:
     assert overlapped.makespan_s < simulate_planned(gathered).makespan_s
 
 
-def test_ring_attention_with_microbatches_is_refused():
-    text = SPEC.replace("mesh: {context: 2, model: 2}", "mesh: {context: 2, model: 2}\nmicrobatches: 2")
-    with pytest.raises(NotImplementedError, match="ring_attention with microbatches or a pipeline is not built"):
-        plan_spec(parse_spec(text), schedule="Ring")
+@pytest.mark.parametrize("remat", [False, True])
+def test_ring_attention_under_gradient_accumulation_executes_like_the_global_step(remat):
+    """Two microbatches, each a ring: the forward's merged output and
+    statistics cross to the backward's task with the stash (or, with every
+    layer recomputed, are made again there)."""
+    text = RING_OF_4.replace("seq: 16, batch: 2", "seq: 16, batch: 4").replace(
+        "mesh: {context: 4, model: 2}", "mesh: {context: 4, model: 2}\nmicrobatches: 2")
+    text = text.replace("tactics: [*cp, *tp, {ring_attention: {axis: context}}]",
+                        "tactics: [*cp, *tp, {ring_attention: {axis: context}}"
+                        + (", {remat: {values: ['layers.*']}}]" if remat else "]"))
+    planned = plan_spec(parse_spec(text), schedule="Ring")
+    per_microbatch = (3 * 3 * (2 if remat else 1) + 3 * 3 + 4) * L
+    assert planned_counts(planned)["collective_permute"] == 2 * per_microbatch
+    assert_pipeline_matches(planned.model, planned.pipeline)

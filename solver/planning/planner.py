@@ -401,11 +401,6 @@ def _with_ring(spec: Spec, tactics: list[Tactic], options: LowerOptions | None) 
     rings = [t.axis for t in tactics if isinstance(t, RingAttention)]
     if not rings:
         return options
-    if spec.pipelined:
-        raise NotImplementedError(
-            f"{spec.source}: ring_attention with microbatches or a pipeline is not built: the ring's merged "
-            "statistics would have to cross from the forward's task to the backward's; plan the whole batch at "
-            "once (no microbatches)")
     return dataclasses.replace(options or LowerOptions(), ring_axis=rings[0])
 
 
