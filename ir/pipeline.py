@@ -142,8 +142,8 @@ class Pipeline:
                     counts[op.kind] = counts.get(op.kind, 0) + runs
         permutes = sum((self.microbatches if t.per_microbatch else 1) * copies.get(t.dst, 1) for t in self.transfers
                        if not self.same_device(t))
-        if permutes:
-            counts["collective_permute"] = permutes
+        if permutes:  # beside the tasks' own (ring attention's)
+            counts["collective_permute"] = counts.get("collective_permute", 0) + permutes
         return counts
 
 

@@ -218,3 +218,27 @@ def test_ring_attention_under_gradient_accumulation_executes_like_the_global_ste
     per_microbatch = (3 * 3 * (2 if remat else 1) + 3 * 3 + 4) * L
     assert planned_counts(planned)["collective_permute"] == 2 * per_microbatch
     assert_pipeline_matches(planned.model, planned.pipeline)
+
+
+def test_ring_attention_in_a_pipeline_executes_like_the_global_step():
+    """Two stages, one layer each, two microbatches: the rings run inside
+    each stage's tasks, beside the stage-to-stage transfers (2 a microbatch:
+    an activation forward, its cotangent back), which the counts add to."""
+    text = """
+model:
+  builder: transformer
+  args: {layers: 2, d_model: 16, heads: 4, kv_heads: 2, head_dim: 4, mlp_hidden: 32, vocab: 32, seq: 16, batch: 4,
+         gated_mlp: true, attention: flash}
+  step: train
+mesh: {pipeline: 2, context: 4}
+microbatches: 2
+hardware: H100-SXM
+schedules:
+  Ring:
+    tactics:
+      - {manual: {axis: context, values: {batch.tokens: 1}}}
+      - {ring_attention: {axis: context}}
+"""
+    planned = plan_spec(parse_spec(text), schedule="Ring")
+    assert planned_counts(planned)["collective_permute"] == 2 * (2 + (3 * 3 + 3 * 3 + 4) * L)
+    assert_pipeline_matches(planned.model, planned.pipeline)
