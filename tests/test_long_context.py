@@ -6,14 +6,22 @@ scheme is known for counted."""
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from spmd_check import assert_lowering_matches, assert_pipeline_matches, model_inputs
 
 from ir.autodiff import training_step
 from ir.interpret import run
 from ir.models import transformer
-from solver.planning.planner import collective_counts, plan_report, plan_spec, planned_counts, simulate_planned
+from solver.planning.planner import (
+    SearchOverrides,
+    collective_counts,
+    plan_report,
+    plan_spec,
+    planned_counts,
+    simulate_planned,
+)
 from solver.planning.scheme import CONTEXT, DATA, RING, SEQUENCE, TENSOR, ULYSSES, ZERO3, ZERO12, axis_roles, ring_axes
-from solver.planning.spec import parse_spec
+from solver.planning.spec import load_spec, parse_spec
 from solver.planning.tactics import TacticError
 
 
@@ -242,3 +250,15 @@ schedules:
     planned = plan_spec(parse_spec(text), schedule="Ring")
     assert planned_counts(planned)["collective_permute"] == 2 * (2 + (3 * 3 + 3 * 3 + 4) * L)
     assert_pipeline_matches(planned.model, planned.pipeline)
+
+
+def test_a_flax_transformer_at_16k_tokens_imports_and_plans_context_parallel():
+    """flax.linen's attention (its XLA form: the scores and the causal mask
+    as ops) in an nn.scan transformer's training step on one sequence of
+    16,384 tokens (tests/fixtures/long_context/, written by
+    tools/export_long_context.py): CP-SAT splits the queries over the 8
+    devices, and the plan fits."""
+    spec = load_spec(ROOT / "tests" / "fixtures" / "long_context" / "scan_train_16k.yaml")
+    planned = plan_spec(spec, "cpsat", overrides=SearchOverrides(time_limit_s=20))
+    assert axis_roles(planned.model, planned.nda, planned.sharding) == {"context": [CONTEXT]}
+    assert planned.assessment.cost.fits
