@@ -7,8 +7,9 @@ import pytest
 from conftest import ROOT, shardplan
 
 from solver.planning.floor import expert_floor, manual_schedules
+from solver.planning.plan_json import plan_report
 from solver.planning.plan_text import format_floor
-from solver.planning.planner import plan_report, plan_spec, prepare
+from solver.planning.planner import plan_spec, prepare
 from solver.planning.spec import load_spec, parse_spec
 
 # Megatron on a deep MLP over both axes: even layers by column, odd ones by row (a period of two layers).

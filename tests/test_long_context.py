@@ -12,10 +12,10 @@ from spmd_check import assert_lowering_matches, assert_pipeline_matches, model_i
 from ir.autodiff import training_step
 from ir.interpret import run
 from ir.models import transformer
+from solver.planning.plan_json import plan_report
 from solver.planning.planner import (
     SearchOverrides,
     collective_counts,
-    plan_report,
     plan_spec,
     planned_counts,
     simulate_planned,

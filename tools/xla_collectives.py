@@ -39,7 +39,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import export_fixtures  # noqa: E402
 
 from solver.frontend.export import export_json  # noqa: E402
-from solver.planning.planner import collective_counts, plan_report, plan_spec  # noqa: E402
+from solver.planning.plan_json import plan_report  # noqa: E402
+from solver.planning.planner import collective_counts, plan_spec  # noqa: E402
 from solver.planning.spec import load_spec  # noqa: E402
 
 XLA_KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",

@@ -146,8 +146,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from costmodel.simulate import chrome_trace
     from ir.lower import LowerOptions
     from solver.planning import meshes
+    from solver.planning.plan_json import plan_report
     from solver.planning.plan_text import format_plan
-    from solver.planning.planner import SearchOverrides, plan_report, simulate_planned
+    from solver.planning.planner import SearchOverrides, simulate_planned
     from solver.planning.spec import SpecError, is_mesh_search, parse_yaml, read_spec_text
 
     if args.grid:
@@ -224,7 +225,7 @@ def _emit(text: str, output: str | None) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from ir.pipeline import PIPELINE
     from solver.frontend.export import export_json, export_python
-    from solver.planning.planner import plan_report
+    from solver.planning.plan_json import plan_report
     from solver.planning.spec import SpecError
 
     planned = _planned(args)

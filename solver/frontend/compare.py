@@ -7,7 +7,8 @@ from typing import Any
 
 from ir.core import IRError
 from solver.planning.expect import COLLECTIVE_KINDS
-from solver.planning.planner import SearchOverrides, plan_report, plan_spec, prepare
+from solver.planning.plan_json import plan_report
+from solver.planning.planner import SearchOverrides, plan_spec, prepare
 from solver.planning.spec import Spec
 from solver.search.report import SILENT, Progress
 

@@ -1,7 +1,7 @@
 """`shardplan export`: a plan's shardings as JAX `PartitionSpec`s, one per
 function argument and per result in the program's flat order, plus the mesh.
 
-Both functions take the `shardplan plan --json` object (`planner.plan_report`)
+Both functions take the `shardplan plan --json` object (`plan_json.plan_report`)
 rather than a `Planned`: it already holds everything needed (the mesh, each
 parameter's and result's global type and axes per dimension), and exporting
 plain data keeps them pure and lets a saved plan report be exported too.

@@ -97,8 +97,9 @@ class JaxPlan:
     workdir: pathlib.Path
 
     def summary(self) -> str:
+        from solver.planning.plan_json import plan_report
         from solver.planning.plan_text import format_cost
-        from solver.planning.planner import collective_counts, plan_report
+        from solver.planning.planner import collective_counts
 
         report = plan_report(self.planned, "")
         counts = ", ".join(f"{k} {v}" for k, v in collective_counts(self.planned.lowered).items() if v)

@@ -1,5 +1,5 @@
 """The plan report as text: what `shardplan plan` prints from the report's
-JSON form (`planner.plan_report`), section by section."""
+JSON form (`plan_json.plan_report`), section by section."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import COMMUNICATION, Assessment, Cost, evaluate, ideal_step_time_s, min_peak_memory_bytes
+from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s, min_peak_memory_bytes
 from costmodel.hardware import Hardware
 from costmodel.pipeline import PipelineCost
 from costmodel.simulate import Timeline, simulate
@@ -26,14 +26,13 @@ from ir.lower import Lowered, LowerOptions, lower
 from ir.models.base import Model
 from ir.nda import NDA, analyze
 from ir.pipeline import Pipeline
-from ir.sharding import FactorSharding, local_type
+from ir.sharding import FactorSharding
 from solver.plan import Plan
 from solver.planning.expect import COLLECTIVE_KINDS
 from solver.planning.floor import Floor, Priced, expert_floor
 from solver.planning.pipelining import (
     as_cost,
     microbatch_counts,
-    pipeline_json,
     pipelined,
     pipelined_cost,
     pipelined_step_s,
@@ -41,7 +40,6 @@ from solver.planning.pipelining import (
     search_nda,
 )
 from solver.planning.plan_text import format_bytes
-from solver.planning.scheme import axis_roles, ring_axes
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, RingAttention, Tactic, apply_schedule
 from solver.search.report import SILENT, NoPlanFits, Progress
@@ -567,67 +565,3 @@ def planned_counts(planned: Planned) -> dict[str, int]:
 def simulate_planned(planned: Planned) -> Timeline:
     """The plan's device-local program on the two-stream simulator."""
     return simulate(planned.lowered.function, planned.spec.hardware_obj())
-
-
-def plan_report(planned: Planned, solver: str, timeline: Timeline | None = None) -> dict[str, Any]:
-    """The `shardplan plan --json` object (schema in docs/json.md); `timeline`:
-    the simulated schedule if already made."""
-    fn, mesh = planned.model.function, planned.sharding.mesh
-    if planned.pipeline is None:
-        timeline = timeline or simulate_planned(planned)
-
-    def tensor(name: str, ty, dims) -> dict[str, Any]:
-        return {"name": name, "type": str(ty), "sharding": [list(a) for a in dims],
-                "local_type": str(local_type(ty, dims, mesh))}
-
-    return {
-        "spec": planned.spec.name,
-        "source": planned.spec.source,
-        "solver": solver,
-        "schedule": planned.schedule,
-        "notes": list(planned.model.notes),
-        "remat": list(planned.remat),
-        "remat_search": [{"remat": list(choice), "step_time_s": seconds} for choice, seconds in planned.remat_tried],
-        "mesh_search": [],  # `shardplan plan` fills it for a mesh search (solver.planning.meshes)
-        "mesh": dict(planned.spec.mesh_obj().axes),
-        "plan": planned.plan.to_json(planned.nda),
-        "collectives": planned_counts(planned),
-        "scheme": axis_roles(planned.model, planned.nda, planned.sharding,
-                             ring_axes(planned.lowered.function) if planned.lowered is not None else frozenset()),
-        "cost": cost_report(planned.assessment, planned.spec.hardware_name),
-        "simulated": None if planned.pipeline is not None else {
-            "makespan_s": timeline.makespan_s, "exposed_communication_s": timeline.exposed_communication_s,
-            "peak_memory_bytes": timeline.peak_memory_bytes, "prefetch_kernels": timeline.prefetch,
-            "efficiency": planned.assessment.ideal_step_time_s / timeline.makespan_s if timeline.makespan_s else 1.0},
-        "pipeline": pipeline_json(planned.pipeline, planned.pipeline_cost) if planned.pipeline is not None else None,
-        "local_program": {"ops": len(planned.lowered.function.ops) if planned.pipeline is None else
-                          sum(len(t.function.ops) for t in planned.pipeline.tasks),
-                          "kernels": planned.assessment.cost.kernels, "fused_ops": planned.assessment.cost.fused_ops},
-        "params": [tensor(p.name, p.type, d) for p, d in zip(fn.params, planned.lowered.param_dims)],
-        "results": [tensor(r.name, r.type, d) for r, d in zip(fn.results, planned.lowered.result_dims)],
-        "search": [r.to_json() for r in planned.search],
-        "expert_floor": None if planned.floor is None else {
-            **planned.floor.to_json(), "kept": planned.floor_kept, "searched_step_time_s": planned.searched_step_s},
-        "time_s": dict(planned.seconds),
-    }
-
-
-def cost_report(assessment: Assessment, hardware: str) -> dict[str, Any]:
-    """The `cost` object of `shardplan plan --json` (schema in docs/json.md)."""
-    cost = assessment.cost
-    return {
-        "hardware": hardware,
-        "step_time_s": cost.step_time_s,
-        "compute_s": cost.compute_s,
-        "communication_s": cost.communication_s,
-        "communication_by_kind_s": {k: cost.seconds_by_kind.get(k, 0.0) for k in COMMUNICATION},
-        "peak_memory_bytes": cost.peak_memory_bytes,
-        "capacity_bytes": cost.capacity_bytes,
-        "fits": cost.fits,
-        "flops_per_device": cost.flops,
-        "ideal_step_time_s": assessment.ideal_step_time_s,
-        "efficiency": assessment.efficiency,
-        "unpartitioned_step_time_s": assessment.baseline.step_time_s,
-        "unpartitioned_peak_memory_bytes": assessment.baseline.peak_memory_bytes,
-        "relative_cost": assessment.relative_cost,
-    }
