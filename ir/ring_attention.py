@@ -55,10 +55,10 @@ def ring_attention(fn: Function, axis: str, made_for: dict[str, str] | None = No
         group = rings.backward.pop(rings.key(op), None) if op.kind.startswith("attention_d") else None
         start = len(b.body)
         if op.result in rings.forward:
-            stats[op.result] = _forward(b, op, operands, rings.gathered, axis, n)
+            stats[op.result] = _forward(b, op, operands, _mapped(rings.gathered, env), axis, n)
             env[op.result] = _output(b, stats[op.result], op.result.type.dtype)
         elif group is not None:
-            sums = _backward(b, group, operands, stats[op.operands[5]], rings.gathered, axis, n)
+            sums = _backward(b, group, operands, stats[op.operands[5]], _mapped(rings.gathered, env), axis, n)
             for kernel, total in zip(group, sums):
                 for r in rings.scattered.get(kernel, [kernel]):
                     env[r.result] = total
@@ -68,6 +68,14 @@ def ring_attention(fn: Function, axis: str, made_for: dict[str, str] | None = No
         if made_for is not None:
             made_for.update((r.name, op.result.name) for added in b.body[start:] for r in added.results)
     return without_dead_ops(b.build([env.get(r, r) for r in fn.results]))
+
+
+def _mapped(gathered, env: dict[Value, Value]):
+    """`gathered`, answering with the block as the rewrite has it so far."""
+    def block(v: Value, dim: int) -> Value | None:
+        found = gathered(v, dim)
+        return None if found is None else env.get(found, found)
+    return block
 
 
 def _builder(fn: Function) -> Builder:
