@@ -58,13 +58,14 @@ def test_fused_attention_never_holds_the_scores():
     assert sizes["flash"] == 4096 * 128  # the MLP's hidden activations
 
 
-SPEC = """
+MODEL = """
 model:
   builder: transformer
   args: {layers: 2, d_model: 16, heads: 4, kv_heads: 2, head_dim: 4, mlp_hidden: 32, vocab: 32, seq: 8, batch: 4,
          gated_mlp: true, attention: flash}
   step: train
-mesh: {context: 2, model: 2}
+"""
+SPEC = MODEL + """mesh: {context: 2, model: 2}
 hardware: H100-SXM
 schedules:
   TP+SP:
@@ -232,13 +233,7 @@ def test_ring_attention_in_a_pipeline_executes_like_the_global_step():
     """Two stages, one layer each, two microbatches: the rings run inside
     each stage's tasks, beside the stage-to-stage transfers (2 a microbatch:
     an activation forward, its cotangent back), which the counts add to."""
-    text = """
-model:
-  builder: transformer
-  args: {layers: 2, d_model: 16, heads: 4, kv_heads: 2, head_dim: 4, mlp_hidden: 32, vocab: 32, seq: 16, batch: 4,
-         gated_mlp: true, attention: flash}
-  step: train
-mesh: {pipeline: 2, context: 4}
+    text = MODEL.replace("seq: 8", "seq: 16") + """mesh: {pipeline: 2, context: 4}
 microbatches: 2
 hardware: H100-SXM
 schedules:
