@@ -361,6 +361,7 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
     over the other axes, or by that sum alone; the results so renamed; the
     (value, sum) pairs; the names of the per-microbatch values."""
     fn = lowered.function
+    micro_count = fn.mesh.size(MICRO)
     varying = {p.name for p, dims in zip(fn.params, lowered.param_dims) if any(MICRO in d for d in dims)}
     readers = Counter(v for op in fn.ops for v in op.operands) + Counter(fn.results)
     renamed: dict[Value, Value] = {}
@@ -382,9 +383,11 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
         (t,) = operands
         # The lowering reduce_scatters a gradient over the axes its update splits before the sum over
         # `micro`; both are linear, so the sum goes first and the reduce_scatters run once, after the
-        # last microbatch (as Megatron's distributed optimizer does), not once per microbatch.
+        # last microbatch (as Megatron's distributed optimizer does), not once per microbatch. With one
+        # microbatch there is nothing to sum: they stay where the lowering put them, right after the
+        # gradient is made, or the backward would hold every gradient whole (the whole step does not).
         scatters = []
-        while t in made_at and body[made_at[t]].kind == "reduce_scatter" and readers[t] == 1:
+        while micro_count > 1 and t in made_at and body[made_at[t]].kind == "reduce_scatter" and readers[t] == 1:
             moved.add(made_at[t])
             scatters.append(body[made_at[t]])
             varying.discard(t.name)

@@ -193,6 +193,12 @@ schedules:
     tactics:
       - {manual: {axis: data, values: {batch.tokens: 0}}}
       - {manual: {axis: data, values: {"*": first_divisible}}}
+  DP+MP+Z2:
+    tactics:
+      - {manual: {axis: data, values: {batch.tokens: 0}}}
+      - {manual: {axis: model, values: {"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}
+      - replicate: {axis: data, values: ["layers.*.new", "embed.table.new", "final_norm.scale.new", "unembed.new"]}
+      - {manual: {axis: data, values: {"opt.*": first_divisible}}}
 """
 
 
@@ -224,17 +230,26 @@ def test_accumulation_is_never_faster_with_more_microbatches(schedule, monkeypat
     assert pipelining.choose_microbatches(spec, model, nda, plan, hardware) == 1
 
 
-@pytest.mark.parametrize("schedule", ["DP+MP", "DP+Z3"])
-def test_one_microbatch_peaks_where_the_whole_step_does(schedule):
+# Weights larger than the activations: a step whose peak the gradients make.
+WEIGHTY = ACCUMULATED.replace("d_model: 32, heads: 4, head_dim: 8, mlp_hidden: 64",
+                              "d_model: 128, heads: 4, head_dim: 32, mlp_hidden: 512").replace(
+    "seq: 16, batch: 32", "seq: 2, batch: 8")
+
+
+@pytest.mark.parametrize("schedule, text", [pytest.param("DP+MP", ACCUMULATED, id="DP+MP"),
+                                            pytest.param("DP+Z3", ACCUMULATED, id="DP+Z3"),
+                                            pytest.param("DP+MP+Z2", WEIGHTY, id="DP+MP+Z2-weights")])
+def test_one_microbatch_peaks_where_the_whole_step_does(schedule, text):
     # A one-stage step of one microbatch runs the whole step's ops: its priced peak is the whole step's
     # lowered peak. It was above it: every layer's causal mask was made at the backward's start and held
     # until its layer; the backward's stash counted whole after it had freed it; the gradient sums counted
-    # during the forward.
+    # during the forward; ZeRO-2's gradients were held whole to the update, their reduce_scatters moved
+    # after a sum over one microbatch.
     import solver.planning.pipelining as pipelining
     from costmodel.evaluate import evaluate
 
-    accumulated = parse_spec(ACCUMULATED, "acc.yaml")
-    whole = plan_spec(parse_spec(ACCUMULATED.replace("microbatches: auto", ""), "whole.yaml"), schedule=schedule)
+    accumulated = parse_spec(text, "acc.yaml")
+    whole = plan_spec(parse_spec(text.replace("microbatches: auto", ""), "whole.yaml"), schedule=schedule)
     planned = plan_spec(accumulated, schedule=schedule)
     hardware = accumulated.hardware_obj()
     cost = pipelining.pipelined_cost(accumulated, planned.model, planned.nda, planned.plan, hardware, microbatches=1)
