@@ -72,13 +72,15 @@ schedules:
     tactics:
       - {manual: {axis: context, values: {batch.tokens: 0}}}
       - &tp {manual: {axis: model, values: {"layers.*.attn.wq": 1, "layers.*.mlp.w_up": 1}}}
+      - &spb {replicate: {axis: model, values: {"layers.*.attn.q": 1, "layers.*.attn.k": 1, "layers.*.attn.v": 1,
+                                               "layers.*.mlp.gate": 1, "layers.*.mlp.up": 1}}}
       - &sp {manual: {axis: model, values: {batch.tokens: 1}}}
   CP:
     tactics:
       - &cp {manual: {axis: context, values: {batch.tokens: 1}}}
       - *tp
   CP+SP:
-    tactics: [*cp, *tp, *sp]
+    tactics: [*cp, *tp, *spb, *sp]
   Ulysses:
     tactics:
       - {manual: {axis: model, values: {batch.tokens: 0}}}
@@ -95,13 +97,14 @@ L, P = 2, 3 + 9 * 2  # layers; trainable tensors (embedding, final norm, unembed
     # Megatron-SP: no all_reduce over model; per layer in the forward each norm's output gathered for
     # each reader (q, k, v; gate, up) and each block's output reduce_scattered (2), in the backward the
     # norms' outputs gathered again for the weights' gradients (5), the blocks' output cotangents
-    # gathered for their two readers (4), and the projections' input cotangents reduce_scattered (5).
-    ("TP+SP", {"all_reduce": P + 1, "all_gather": 14 * L, "reduce_scatter": 7 * L}),
+    # gathered for their two readers (4), and each norm's output cotangent, summed over its readers
+    # first (the `replicate` at the projections), reduce_scattered (2): Megatron's four a layer.
+    ("TP+SP", {"all_reduce": P + 1, "all_gather": 14 * L, "reduce_scatter": 4 * L}),
     # Llama 3's context parallelism: K and V gathered for the forward and for each backward kernel (6),
     # their stacked gradient reduce_scattered (1); the positions sliced for each kernel (3); Megatron's
     # four all_reduces a layer over model.
     ("CP", {"all_reduce": P + 1 + 4 * L, "all_gather": 6 * L, "reduce_scatter": L, "all_slice": 3 * L}),
-    ("CP+SP", {"all_reduce": P + 1, "all_gather": 20 * L, "reduce_scatter": 8 * L, "all_slice": 3 * L}),
+    ("CP+SP", {"all_reduce": P + 1, "all_gather": 20 * L, "reduce_scatter": 5 * L, "all_slice": 3 * L}),
     # DeepSpeed-Ulysses: q, k, v from sequence to heads and the context back (4 in the forward); in the
     # backward q, k, v, o and do to heads for each kernel that reads them, o back for wo's gradient, and
     # the gradients back to the sequence at each of their readers (14). No all_gather: nothing whole.

@@ -193,10 +193,13 @@ def _take_heads(b: Builder, qkv: Value, start: int, count: int, name: str, squee
 def _mlp(b: Builder, layout: _Layout, x: Value, prefix: str) -> Value:
     """gelu(x @ w_up) @ w_down, or GeGLU: (gelu(x @ w_gate) * (x @ w_up)) @ w_down."""
     d, hidden = layout.d_model, layout.mlp_hidden
+    # The projections are named (`up`, `gate`) so that a schedule can place a layout boundary at them
+    # (Megatron-SP's: their input cotangents summed before one reduce_scatter).
     if layout.gated_mlp:
-        gate = b.gelu(b.matmul(x, layout.param(b, f"{prefix}w_gate", [d, hidden])))
-        up = b.matmul(x, layout.param(b, f"{prefix}w_up", [d, hidden]))
+        gate = b.gelu(b.matmul(x, layout.param(b, f"{prefix}w_gate", [d, hidden]), name=f"{prefix}gate"))
+        up = b.matmul(x, layout.param(b, f"{prefix}w_up", [d, hidden]), name=f"{prefix}up")
         hidden_act = b.mul(gate, up, name=f"{prefix}hidden")
     else:
-        hidden_act = b.gelu(b.matmul(x, layout.param(b, f"{prefix}w_up", [d, hidden])), name=f"{prefix}hidden")
+        up = b.matmul(x, layout.param(b, f"{prefix}w_up", [d, hidden]), name=f"{prefix}up")
+        hidden_act = b.gelu(up, name=f"{prefix}hidden")
     return b.matmul(hidden_act, layout.param(b, f"{prefix}w_down", [hidden, d]), name=f"{prefix}out")
