@@ -198,6 +198,12 @@ def attr_int_pair(v: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return attr_ints(v[0]), attr_ints(v[1])
 
 
+def attr_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
+
+
 def attr_number(v: Any) -> int | float | bool:
     if not isinstance(v, (int, float, bool)):
         raise ValueError(f"expected a number, got {v!r}")

@@ -44,8 +44,6 @@ written once.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ir.core import Attrs, Mesh, TensorType
@@ -55,21 +53,16 @@ from ir.opdef import (
     OpCost,
     OpDef,
     Types,
+    attr_bool,
     attr_number,
     io_bytes,
     register,
     require,
 )
 
-ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", lambda v: _attr_bool(v), True),
-         AttrSpec("stats", lambda v: _attr_bool(v), False))
+ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", attr_bool, True), AttrSpec("stats", attr_bool, False))
 PASSES = {"attention": 2, "attention_dq": 3, "attention_dkv": 4}  # matmul-sized passes (module docstring)
 
-
-def _attr_bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"expected true or false, got {v!r}")
-    return v
 
 
 def _check(kind: str, types: Types, stats: bool = False) -> tuple[TensorType, ...]:

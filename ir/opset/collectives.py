@@ -39,6 +39,7 @@ from ir.opdef import (
     OpDef,
     Types,
     attr_axes,
+    attr_bool,
     attr_choice,
     attr_int,
     check_dim,
@@ -140,12 +141,6 @@ def _collective_permute(arrays: list[np.ndarray], attrs: Attrs) -> list[np.ndarr
     return [arrays[r - shift].copy() if 0 <= r - shift < k else np.zeros_like(arrays[r]) for r in range(k)]
 
 
-def _attr_bool(v) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"expected true or false, got {v!r}")
-    return v
-
-
 def _check_combiner(kind: str, x: TensorType, combiner: str) -> None:
     """The dtypes `reduce` accepts for the combiner: what a sharded reduction lowers to must type-check too."""
     require(x.dtype != "bool" or combiner != "sum", f"{kind}: cannot sum a bool tensor {x}")
@@ -216,7 +211,7 @@ register(OpDef(
 ))
 register(OpDef(
     "collective_permute", "collective", 1,
-    (AXES, AttrSpec("shift", attr_int), AttrSpec("cyclic", lambda v: _attr_bool(v), False)),
+    (AXES, AttrSpec("shift", attr_int), AttrSpec("cyclic", attr_bool, False)),
     _collective_permute_infer, elementwise_factors, _move_cost, spmd_impl=_per_group(_collective_permute),
     doc="member r gets member r - shift's value along the axes (zeros where there is none; mod k if cyclic)",
 ))

@@ -171,11 +171,14 @@ def _manual_values(nda: NDA, pattern: str, where: str) -> list[Value]:
     program, such as Ulysses' heads split between the two all_to_alls
     around attention, has no parameter to start from."""
     params = [v for v in nda.function.params if fnmatch.fnmatchcase(v.name, pattern)]
-    if params:
-        return params
-    made = [r for op in nda.function.ops for r in op.results
-            if r.name and fnmatch.fnmatchcase(r.name.removesuffix(REMAT_SUFFIX), pattern)]
-    return made or _matching(nda, (pattern,), where)  # the parameters' error message
+    made = _named([r for op in nda.function.ops for r in op.results], pattern)
+    return params or made or _matching(nda, (pattern,), where)  # the parameters' error message
+
+
+def _named(values: Sequence[Value], pattern: str) -> list[Value]:
+    """The values a name or glob names; a rematerialized layer's recomputed
+    values (`<name>.remat`, `ir.remat`) are the same values again."""
+    return [v for v in values if fnmatch.fnmatchcase(v.name.removesuffix(REMAT_SUFFIX), pattern)]
 
 
 def _pin(nda: NDA, plan: Plan, tactic: Pin, where: str) -> Plan:
@@ -233,8 +236,7 @@ def _named_dims(nda: NDA, dims: Sequence[tuple[str, int]], where: str) -> list[t
     values = list(nda.function.params) + [r for op in nda.function.ops for r in op.results]
     out: list[tuple[Value, int]] = []
     for pattern, dim in dims:
-        # A rematerialized layer's recomputed values (`<name>.remat`, `ir.remat`) are the same values again.
-        found = [v for v in values if fnmatch.fnmatchcase(v.name.removesuffix(REMAT_SUFFIX), pattern)]
+        found = _named(values, pattern)
         if not found:
             raise TacticError(f"{where}: no value of the program matches {pattern!r}")
         for v in found:
