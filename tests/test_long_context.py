@@ -260,3 +260,53 @@ def test_a_flax_transformer_at_16k_tokens_imports_and_plans_context_parallel():
     planned = plan_spec(spec, "cpsat", overrides=SearchOverrides(time_limit_s=20))
     assert axis_roles(planned.model, planned.nda, planned.sharding) == {"context": [CONTEXT]}
     assert planned.assessment.cost.fits
+
+
+def _megatron_layer_step(width: int, heads: int, seq: int):
+    """A two-layer GQA step (8 key/value heads) whose MLP is 3.5x wider than the model."""
+    return training_step(transformer(layers=2, d_model=width, heads=heads, kv_heads=8, head_dim=width // heads,
+                                     mlp_hidden=width * 7 // 2, vocab=256 * heads, seq=seq, batch=1,
+                                     gated_mlp=True, attention="flash", dtype="bf16"))
+
+
+def test_the_search_chooses_sequence_parallelism_where_memory_binds_and_its_plan_executes():
+    """Megatron's regime (d_model 8192, 4096 tokens, one sequence, 8 devices
+    over NVLink): with room, CP-SAT's optimum is tensor parallelism; with
+    90% of that plan's peak per device it adds the sequence on the same
+    axis, LATE (`solver.search.space`), between the tensor-parallel regions:
+    sequence parallelism. The same plan on the same program at small shapes
+    executes like the global step."""
+    from costmodel.hardware import preset_hardware
+    from costmodel.table import CostTable
+    from ir.core import Mesh
+    from ir.lower import lower
+    from ir.nda import analyze
+    from solver.plan import Plan
+    from solver.search import cpsat
+    from solver.search.space import LATE, SearchSpace
+
+    mesh = Mesh.of(model=8)
+    step = _megatron_layer_step(8192, 64, 4096)
+    nda = analyze(step.function, step.params)
+    hardware = preset_hardware("H100-SXM", mesh.names)
+    results = []
+    for memory in (hardware.device.memory, None):
+        if memory is None:  # 90% of the unconstrained optimum's peak
+            memory = int(0.9 * results[0].cost.peak_memory_bytes)
+        hw = hardware.model_copy(update={"device": hardware.device.model_copy(update={"memory": memory})})
+        space = SearchSpace(nda, Plan(mesh), mesh.names, data_inputs=step.inputs, optimizer_state=step.state)
+        results.append(cpsat.solve(space, CostTable(step.function, nda, mesh, hw)))
+    roomy, tight = results
+    assert axis_roles(step, nda, roomy.sharding) == {"model": [TENSOR]}
+    assert axis_roles(step, nda, tight.sharding) == {"model": [TENSOR, SEQUENCE]}
+    assert tight.report.status == "optimal" and tight.cost.fits
+    assert tight.cost.step_time_s > roomy.cost.step_time_s  # it is chosen for memory, not time
+    late = [d for d in tight.plan.decisions if d.color in space.data_colors]
+    assert late and tight.plan.decisions[-len(late):] == tuple(late)  # decided after the heads and the MLP
+    assert any(level == LATE for *_, level in space.point_of(tight.sharding).partial)
+
+    small = _megatron_layer_step(32, 16, 16)
+    small_nda = analyze(small.function, small.params)
+    sharding = tight.plan.materialize(small_nda)
+    assert sharding.axes == tight.sharding.axes  # the same plan, every I-class as at full size
+    assert_lowering_matches(small, lower(small.function, small_nda, sharding))

@@ -402,7 +402,9 @@ def test_polish_narrows_a_level_no_action_can_set():
     codes = search.codes(storage)
     search.best = (search.price(storage, codes), storage, codes)
     search.polish()
-    assert search.best[1] == optimizer
+    # Narrowed to ZeRO-1 (where the batch may also have taken the axis LATE, beside it: no slower).
+    assert (2, "x", 1) in search.best[1].partial and (2, "x") not in search.best[1].sharded
+    assert search.best[0].cost.step_time_s <= costs[optimizer].step_time_s
 
 
 def test_refit_finds_memory_in_several_decisions_where_one_fits_slowly():

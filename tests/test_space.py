@@ -18,7 +18,7 @@ from ir.nda import analyze
 from solver.plan import Plan
 from solver.planning.tactics import FIRST_DIVISIBLE, Manual, Replicate, Resolve, apply_schedule
 from solver.search.keys import IClassKeys
-from solver.search.space import Point, SearchSpace
+from solver.search.space import LATE, Point, SearchSpace
 from solver.search.zero import OPTIMIZER, STORAGE, WHOLE
 
 MESH = Mesh.of(batch=2, model=2)
@@ -38,8 +38,11 @@ PROGRAMS = {
 def random_points(space, rng, n):
     for _ in range(n):
         levels = {v: rng.choice((0, *space.options[v])) for v in space.variables if rng.random() < 0.5}
+        levels = {v: level for v, level in levels.items() if level}
+        if not space.late_order_ok(levels):
+            continue
         sharded = frozenset(v for v, level in levels.items() if level == WHOLE)
-        partial = frozenset((*v, level) for v, level in levels.items() if 0 < level < WHOLE)
+        partial = frozenset((*v, level) for v, level in levels.items() if level != WHOLE)
         bits = tuple((c, rng.randint(0, 1)) for c in space.free_classes if rng.random() < 0.7)
         yield Point(sharded, bits, partial)
 
@@ -73,7 +76,11 @@ def test_codes_equal_materialize(program, schedule):
         assert np.array_equal(space.codes(point, points[0]), expected), point
     assert len({space.codes(p).tobytes() for p in points}) > 5  # the points do differ
     # A training step's space has partial levels (the attention is a forward program: none).
-    assert bool(space.partial_variables) == bool(model.state) and any(p.partial for p in points) == bool(model.state)
+    zero = [p for p in points if any(level < WHOLE for *_, level in p.partial)]
+    assert bool(space.partial_variables) == bool(model.state) and bool(zero) == bool(model.state)
+    # Every program has a data dimension beside a weight's on the model axis: LATE points were compared.
+    if "model" in axes and schedule != "replicate":
+        assert any(level == LATE for p in points for *_, level in p.partial)
 
 
 def test_codes_are_numbered_as_the_cost_table():

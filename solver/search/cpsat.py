@@ -4,6 +4,8 @@ space (`solver.search.space`) whose objective is the shared cost model.
 Variables (DESIGN.md, "Search backends"):
 
   x[g, a]  shard color group g along mesh axis a (the decision);
+  y[g, a]  set data group g LATE on axis a (sequence parallelism,
+           `solver.search.space`);
   z[g, a, l] the (g, a) decision reaches at least the partial level l
            (ZeRO's parts, `solver.search.zero`); x implies every z of its
            pair, and a wider z the narrower ones;
@@ -12,7 +14,9 @@ Variables (DESIGN.md, "Search backends"):
            `ir.sharding.materialize`'s rule, exactly: x of its group (or the z
            of the narrowest level that holds its part), not deselected by r,
            the axis not taken by a higher-priority I-class of the same owner,
-           and divisible given the axes it already holds.
+           and divisible given the axes it already holds; where its group
+           may be LATE there, that or y, no group the LATE rule names set,
+           and divisible.
 
 Cost terms: `solver.search.cpsat_terms` (op, kernel, edge and end terms,
 each priced by `costmodel.table`, the one pricing function).
@@ -66,7 +70,7 @@ from solver.search.forked import forked_map, forks
 from solver.search.keys import Key
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
-from solver.search.space import FREE, Point, SearchSpace
+from solver.search.space import FREE, LATE, Point, SearchSpace
 from solver.search.zero import WHOLE
 
 
@@ -143,7 +147,9 @@ class _Cp:
         for g, a, level in self.space.partial_variables:  # a level holds the narrower ones
             wider = min(w for w in self.space.options[(g, a)] if w > level)
             model.AddImplication(self._reaches(g, a, wider), self.z[(g, a, level)])
+        self.y = self._late_levels()
         self.r = {c: model.NewBoolVar(f"r{c}") for c in self.space.free_classes}
+        self._early: dict[tuple[int, int], Any] = {}  # (key, axis) -> "holds it by an early decision", where LATE too
         self.s = {(kid, i): model.NewBoolVar(f"s{kid}_{i}")
                   for kid, key in enumerate(m.keys) for i, st in enumerate(key.status) if st == FREE}
         for kid, key in enumerate(m.keys):
@@ -179,13 +185,40 @@ class _Cp:
         self.rounds = 0  # solves so far (the progress line shows it)
         self._bytes: dict[tuple, Any] = {}  # (id(term), measure) -> its local-KiB variable
 
+    def _late_levels(self) -> dict[tuple[int, str], Any]:
+        """y[g, a]: the pair set LATE; never with x of the pair, nor with x of the group on a later axis."""
+        y = {v: self.model.NewBoolVar(f"y{v[0]}_{v[1]}") for v in self.space.late_variables}
+        for (g, a), late in y.items():
+            self.model.AddBoolOr([late.Not(), self.x[(g, a)].Not()])
+            for b in self.space.axes[self.space.axes.index(a) + 1:]:
+                if (g, b) in self.x:
+                    self.model.AddBoolOr([late.Not(), self.x[(g, b)].Not()])
+        return y
+
     def _define(self, kid: int, key: Key, i: int) -> None:
-        """s[kid, i] <=> x and not deselected and no higher key holds the axis and divisible."""
+        """s[kid, i] <=> x and not deselected and no higher key holds the axis
+        and divisible; where its group may be set LATE on the axis, s is that
+        (`early`) or the LATE rule's literal (`late`)."""
         model, s = self.model, self.s[(kid, i)]
         axis = self.space.axes[i]
         x = self._reaches(key.group, axis, key.level[i])
         ok = [self.r[c].Not() if b == 1 else self.r[c] for c, b in key.desel]
-        higher = [self.s[(j, i)] for j in key.higher if (j, i) in self.s]
+        blocking = self._nondivisible(kid, key, i)
+        if key.late and key.late[i] is not None:
+            early, late = model.NewBoolVar(""), model.NewBoolVar("")
+            model.AddBoolOr([s.Not(), early, late])
+            model.AddImplication(early, s)
+            model.AddImplication(late, s)
+            blockers = [self.y[(h, axis)] if flag else self._reaches(h, axis, level) for h, level, flag in key.late[i]]
+            self._holds_if(late, self.y[(key.group, axis)], ok, blockers + blocking)
+            s = self._early[(kid, i)] = early
+        higher = [self._early.get((j, i), self.s.get((j, i))) for j in key.higher if (j, i) in self.s]
+        self._holds_if(s, x, ok, higher + blocking)
+
+    def _nondivisible(self, kid: int, key: Key, i: int) -> list:
+        """Literals each saying the I-class holds a set of earlier axes the axis cannot be combined with (and
+        a clause that it then does not hold the axis)."""
+        model, s = self.model, self.s[(kid, i)]
         blocking = []
         for subset in key.nondiv[i]:
             # In mesh order: a set of axis names iterates in an order that changes with Python's hash seed,
@@ -199,12 +232,17 @@ class _Cp:
                 model.AddBoolAnd(held).OnlyEnforceIf(both)
                 model.AddBoolOr([h.Not() for h in held]).OnlyEnforceIf(both.Not())
                 blocking.append(both)
+        return blocking
+
+    def _holds_if(self, s, x, ok: list, blockers: list) -> None:
+        """s <=> x and every `ok` literal and no blocker."""
+        model = self.model
         model.AddImplication(s, x)
         for lit in ok:
             model.AddImplication(s, lit)
-        for h in higher:
+        for h in blockers:
             model.AddBoolOr([s.Not(), h.Not()])
-        model.AddBoolOr([s, x.Not()] + [lit.Not() for lit in ok] + higher + blocking)
+        model.AddBoolOr([s, x.Not()] + [lit.Not() for lit in ok] + blockers)
 
     def _reaches(self, group: int, axis: str, level: int):
         """The literal "the (group, axis) decision reaches `level`"."""
@@ -291,7 +329,9 @@ class _Cp:
                 self.model.AddHint(var, v in point.sharded)
             levels = point.levels()
             for (g, a, level), var in self.z.items():
-                self.model.AddHint(var, levels.get((g, a), 0) >= level)
+                self.model.AddHint(var, WHOLE >= levels.get((g, a), 0) >= level)
+            for v, var in self.y.items():
+                self.model.AddHint(var, levels.get(v) == LATE)
             bits = dict(point.bits)
             for c, var in self.r.items():
                 self.model.AddHint(var, bits.get(c, 0))
@@ -324,6 +364,7 @@ class _Cp:
         bits = tuple((c, solver.Value(var)) for c, var in self.r.items())
         objective = self.step_time_s(solver.ObjectiveValue())
         bound = self.step_time_s(solver.BestObjectiveBound())
+        reached.update((v, LATE) for v, var in self.y.items() if solver.Value(var))
         partial = frozenset((g, a, level) for (g, a), level in reached.items())
         return name, Point(sharded, bits, partial), objective, bound
 
@@ -472,7 +513,7 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     folded = sum(t.mult - 1 for t in m.terms.values() if t.kind != "param")
     common = dict(solver="cpsat", axes=space.axes, solve_s=solve_s, build_s=build_s, variables=variables,
                   constraints=constraints, terms=len(m.terms), folded=folded,
-                  space=len(space.variables) + len(space.partial_variables) + len(space.free_classes),
+                  space=space.decisions,
                   rounds=loop.rounds,
                   memory_cuts=cp.memory_cuts, no_goods=loop.no_goods,
                   smallest_peak_bytes=loop.smallest[0] if loop.smallest else None)

@@ -43,7 +43,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from ir.lower import flowing_partial
 from solver.search.keys import IClassKeys
-from solver.search.space import FREE, SearchSpace
+from solver.search.space import FREE, LATE, SearchSpace
 
 # Enumerating more than 2**this assignments per axis for one term falls back to all 0/1 vectors.
 _ENUMERATION_BITS = 14
@@ -145,10 +145,17 @@ class TermModel:
                     closure.add(j)
                     stack.append(j)
         order = sorted(closure)  # a key's higher keys were interned first
-        # Per group, the levels its keys here need: the group's decision reaches none, some or all of them.
+        # Per group, the levels its keys here need: the group's decision reaches none, some or all of them,
+        # or is LATE; and the levels of the groups whose decisions keep a key from the axis when LATE.
         needs: dict[int, set[int]] = {}
         for k in order:
-            needs.setdefault(self.keys[k].group, set()).add(self.keys[k].level[i])
+            key = self.keys[k]
+            needs.setdefault(key.group, set()).add(key.level[i])
+            late = key.late[i] if key.late else None
+            if late is not None:
+                needs[key.group].add(LATE)
+                for h, level, flag in late:
+                    needs.setdefault(h, set()).add(LATE if flag else level)
         groups = sorted(needs)
         reachable = [(0, *sorted(needs[g])) for g in groups]
         classes = sorted({c for k in order for c, _ in self.keys[k].desel})
@@ -163,10 +170,15 @@ class TermModel:
                 r = dict(zip(classes, bits))
                 fail = dict(zip(fails, bits[len(classes):]))
                 s: dict[int, int] = {}
+                early: dict[int, int] = {}
                 for k in order:
                     key = self.keys[k]
-                    s[k] = int(x[key.group] >= key.level[i] and all(r[c] != b for c, b in key.desel)
-                               and not fail.get(k, 0) and not any(s.get(j, 0) for j in key.higher))
+                    level = x[key.group]
+                    ok = all(r[c] != b for c, b in key.desel) and not fail.get(k, 0)
+                    early[k] = int(ok and LATE != level >= key.level[i]
+                                   and not any(early.get(j, 0) for j in key.higher))
+                    s[k] = early[k] or int(ok and level == LATE and not any(
+                        (x[h] == LATE) if flag else (LATE != x[h] >= least) for h, least, flag in key.late[i]))
                 found.add(tuple(s[k] for k in free))
         return sorted(found)
 

@@ -9,7 +9,9 @@ take the axis (FREE), never does (OFF) or already holds it (ON), the bits
 that deselect it, which earlier axes it cannot be combined with (its size),
 the level its group's decision needs to shard it, the order it takes the
 axes in, and the keys of its owner's I-classes that take an axis before it
-(`higher`: contention is decided there). Repeated layers of a
+(`higher`: contention is decided there), and where its group may be set
+LATE, the groups whose decisions keep it from the axis then (the space's
+LATE rule names groups, so no key depends on a key after it). Repeated layers of a
 layer-symmetric space have the same keys.
 
 CP-SAT's model has one set of variables per key and folds its terms by them
@@ -40,6 +42,10 @@ class Key:
     # narrowest level the space offers that holds its part; WHOLE where none is narrower).
     level: tuple[int, ...] = ()
     order: tuple[str, ...] = ()  # the auto axes in the order it takes them (the space's "Axis order")
+    # Per auto axis, where its group may be set LATE there (solver.search.space): what keeps it from the
+    # axis then, as (group, level, 0) (that group's early decision reaching the level) and (group, LATE, 1)
+    # (that group set LATE); None where its group is never LATE there.
+    late: tuple[tuple[tuple[int, int, int], ...] | None, ...] = ()
 
 
 class IClassKeys:
@@ -66,6 +72,10 @@ class IClassKeys:
             for b, side in enumerate(nda.resolutions(c)):
                 for k in side:
                     self._desel[k] = (*self._desel.get(k, ()), (c, b))
+        self._late: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (I-class, axis) -> its blockers
+        for i, a in enumerate(self.axes):
+            for k, h, level, flag in space.late_blockers[a]:
+                self._late.setdefault((k, i), []).append((h, level, flag))
         sentinel = Key(-1, (), tuple(1 for _ in self.axes), (), (), ())
         self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
         for owner_members in members.values():
@@ -107,7 +117,9 @@ class IClassKeys:
             known = self._shapes[shape] = self._shape(*shape)
         group, nondiv, level, order = known
         higher = tuple(sorted({j for j in above if self._free_masks[j] & free}))
-        return Key(group, base, status, self._desel.get(k, ()), nondiv, higher, level, order)
+        late = tuple(tuple(sorted(self._late.get((k, i), ()))) if (group, a) in space.late_pairs else None
+                     for i, a in enumerate(self.axes)) if space.late_variables else ()
+        return Key(group, base, status, self._desel.get(k, ()), nondiv, higher, level, order, late)
 
     def _shape(self, color: int, status: tuple[int, ...], base: tuple[str, ...], size: int,
                part: int) -> tuple:

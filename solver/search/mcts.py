@@ -327,7 +327,7 @@ class _Mcts:
     def valid(self, point: Point) -> list[Action]:
         valid = self.valid_of.get(point)
         if valid is None:
-            valid = self.valid_of[point] = [a for a in self.actions if statically_valid(point, a)]
+            valid = self.valid_of[point] = [a for a in self.actions if statically_valid(point, a, self.space)]
         return valid
 
     def child(self, point: Point, codes: np.ndarray, action: Action) -> tuple[Point, np.ndarray] | None:
@@ -511,7 +511,7 @@ class _Mcts:
                 break
             point, codes = found
             # Focus: only the actions that improved on the state just left are tried from the next one.
-            candidates = [a for a in improving if a is not taken and statically_valid(point, a)] if focus \
+            candidates = [a for a in improving if a is not taken and statically_valid(point, a, self.space)] if focus \
                 else self.allowed(point, avoid)
         self.descent_of[(start, avoid)] = (point, codes)
         return point, codes
@@ -605,7 +605,7 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
                   evaluations=len(search.prices), timed_only=len(search.slower.keys() - search.prices.keys()),
                   states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
-                  space=len(space.variables) + len(space.partial_variables) + len(space.free_classes),
+                  space=space.decisions,
                   smallest_peak_bytes=search.smallest[0], stopped_by=stopped_by,
                   incumbent_s=search.incumbent.cost.step_time_s if search.incumbent else None,
                   # Memory shaped the answer when a faster plan was rejected for it (what the planner's

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from solver.search.space import Point
+from solver.search.space import LATE, Point
+from solver.search.zero import WHOLE
 
 # The refit: sets of at most _REFIT_SIZE of the _REFIT_ITEMS actions that save the most memory per
 # second added, the _REFIT_TRIES cheapest that save enough applied.
@@ -147,9 +148,10 @@ def essential(search: Any, point: Point, codes: np.ndarray) -> Point:
 def starts(search: Any, point: Point, essential: Point) -> list[tuple[Point, Pair | None]]:
     """Where the polish descends from, and the pair avoided (a refit): per
     decision of the point, the point with it dropped; with it set to each
-    narrower level its pair offers; and with it dropped, to refit. Then the
-    same from the point's essential decisions (`essential`), where it has
-    others.
+    narrower level its pair offers; and with it dropped, to refit; and per
+    pair the space offers LATE, unset or set whole, the point with it LATE.
+    Then the same from the point's essential decisions (`essential`), where
+    it has others.
 
     Actions only widen a level, and a pair the incumbent set may have no
     action at all (pruned for its few dimensions: an embedding's
@@ -157,11 +159,19 @@ def starts(search: Any, point: Point, essential: Point) -> list[tuple[Point, Pai
     again at a narrower level (Gemma-7B on TPUv3: the incumbent's ZeRO-3 of
     the embedding where ZeRO-1 is 4% faster and still fits)."""
     out: dict[tuple[Point, Pair | None], None] = {}
+    space = search.space
     for held in (point, essential):
         for pair, level in sorted(held.levels().items()):
             dropped = held.without(pair)
             out[(dropped, None)] = None
-            for narrower in (n for n in search.space.options.get(pair, ()) if n < level):
+            for narrower in (n for n in space.options.get(pair, ()) if n < min(level, WHOLE)):
                 out[(Point(dropped.sharded, dropped.bits, dropped.partial | {(*pair, narrower)}), None)] = None
             out[(dropped, pair)] = None
+        # LATE (sequence parallelism) is a move, not an action: a descent adds what the tree found next to it.
+        for pair in space.late_variables:
+            if held.levels().get(pair, WHOLE) == WHOLE:
+                dropped = held.without(pair)
+                late = Point(dropped.sharded, dropped.bits, dropped.partial | {(*pair, LATE)})
+                if space.late_order_ok(late.levels()):
+                    out[(late, None)] = None
     return list(out)
