@@ -157,14 +157,25 @@ def _passed(b: Builder, blocks: tuple[Value, ...], axis: str) -> tuple[Value, ..
     return tuple(b.op("collective_permute", [x], axes=[axis], shift=1, cyclic=True) for x in blocks)
 
 
+def _step_attrs(op: Op, n: int, step: int) -> dict:
+    """A ring step's kernel attributes: with `stats`, and `balance` where its
+    causal work is the same on every device (`ir.opset.attention`, "Cost"):
+    the first step (each device's own block: the diagonal), or every step
+    where the sequence's mirrored chunk pairs split evenly over the ring."""
+    balance = op.attrs["balance"]
+    even = step == 0 or (balance and balance % n == 0)
+    return {"scale": op.attrs["scale"], "causal": op.attrs["causal"], "stats": True,
+            "balance": (balance or 1) if even else 0}
+
+
 def _forward(b: Builder, op: Op, operands: Sequence[Value], gathered, axis: str, n: int) -> Value:
     q, _, _, q_pos, _ = operands
-    attrs = {"scale": op.attrs["scale"], "causal": op.attrs["causal"], "stats": True}
     blocks = _blocks(b, op, operands, gathered, axis)
-    merged = b.op("attention", [q, blocks[0], blocks[1], q_pos, blocks[2]], **attrs)
-    for _ in range(1, n):
+    merged = b.op("attention", [q, blocks[0], blocks[1], q_pos, blocks[2]], **_step_attrs(op, n, 0))
+    for step in range(1, n):
         blocks = _passed(b, blocks, axis)
-        merged = _merge(b, merged, b.op("attention", [q, blocks[0], blocks[1], q_pos, blocks[2]], **attrs))
+        block = b.op("attention", [q, blocks[0], blocks[1], q_pos, blocks[2]], **_step_attrs(op, n, step))
+        merged = _merge(b, merged, block)
     return merged
 
 
@@ -207,14 +218,14 @@ def _backward(b: Builder, kernels: Sequence[Op], operands: Sequence[Value], merg
     share each step's blocks, as one backward loop does."""
     q, _, _, q_pos, _, _, do = operands
     first = kernels[0]
-    attrs = {"scale": first.attrs["scale"], "causal": first.attrs["causal"], "stats": True}
     blocks = _blocks(b, first, operands, gathered, axis)
     totals: list[Value | None] = [None] * len(kernels)
     for step in range(n):
         if step:
             blocks = _passed(b, blocks, axis)
         for j, kernel in enumerate(kernels):
-            part = b.op(kernel.kind, [q, blocks[0], blocks[1], q_pos, blocks[2], merged, do], **attrs)
+            part = b.op(kernel.kind, [q, blocks[0], blocks[1], q_pos, blocks[2], merged, do],
+                        **_step_attrs(first, n, step))
             if totals[j] is None:
                 totals[j] = part
                 continue

@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT
 from spmd_check import assert_lowering_matches, assert_pipeline_matches, model_inputs
 
+from ir import ops
 from ir.autodiff import training_step
 from ir.interpret import run
 from ir.models import transformer
@@ -310,3 +311,68 @@ def test_the_search_chooses_sequence_parallelism_where_memory_binds_and_its_plan
     sharding = tight.plan.materialize(small_nda)
     assert sharding.axes == tight.sharding.axes  # the same plan, every I-class as at full size
     assert_lowering_matches(small, lower(small.function, small_nda, sharding))
+
+
+def test_a_mirrored_layout_is_the_same_step_on_reordered_tokens():
+    """`balance` lays the sequence out in mirrored chunks: the step on tokens
+    and targets fed in `mirrored_order` gives the loss, parameters and
+    optimizer state of the step in sequence order (causal attention reads
+    positions, and nothing else depends on the order)."""
+    from ir.opset.layout import mirrored_order
+
+    def step(balance):
+        return training_step(transformer(layers=2, d_model=16, heads=4, kv_heads=2, head_dim=4, mlp_hidden=32,
+                                         vocab=32, seq=16, batch=2, gated_mlp=True, attention="flash",
+                                         balance=balance))
+
+    natural, mirrored = step(0), step(2)
+    order = mirrored_order(16, 2)
+    assert order.tolist() == [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]
+    inputs = model_inputs(natural)
+    reordered = {name: x[:, order] if name.startswith("batch.") else x for name, x in inputs.items()}
+    want = run(natural.function, inputs, float_dtype=np.float64)
+    got = run(mirrored.function, reordered, float_dtype=np.float64)
+    for r, a, b in zip(natural.function.results, got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=r.name)
+    with pytest.raises(ValueError, match="does not split into 6 chunks"):
+        transformer(seq=16, attention="flash", balance=3)
+
+
+def test_causal_work_is_priced_on_the_slowest_device():
+    """Keys gathered, queries one of k chunks: in sequence order the last
+    chunk's (2k - 1) / 2k of the passes; mirrored chunks that split evenly
+    over the k devices, half; a ring step half where its blocks are
+    balanced, whole where they are not."""
+    from ir.core import TensorType
+    from ir.opset.attention import causal_share
+
+    keys = TensorType((1, 64, 2, 4), "f32")
+
+    def share(k, balance, stats=False):
+        q = TensorType((1, 64 if stats else 64 // k, 2, 1, 4), "f32")
+        return causal_share(q, keys, {"causal": True, "stats": stats, "balance": balance})
+
+    assert share(1, 0) == (1, 2)
+    assert share(4, 0) == (7, 8) and share(4, 2) == (7, 8) and share(4, 4) == (1, 2) and share(2, 4) == (1, 2)
+    assert share(1, 0, stats=True) == (1, 1) and share(1, 3, stats=True) == (1, 2)
+    assert causal_share(TensorType((1, 16, 2, 1, 4), "f32"), keys, {"causal": False, "stats": False,
+                                                                    "balance": 0}) == (1, 1)
+
+
+@pytest.mark.parametrize("schedule", ["CP", "Ring"])
+def test_mirrored_chunks_balance_context_parallelism_and_execute_like_the_global_step(schedule):
+    """With the sequence in mirrored chunks (balance 2 on a context axis of
+    2) the attention kernels cost half their passes on every device, where
+    in sequence order the slower half of the queries costs 3/4; the plan
+    still executes like the global step."""
+    flops = {}
+    for balance in (0, 2):
+        text = SPEC.replace("attention: flash}", f"attention: flash, balance: {balance}}}") if balance else SPEC
+        planned = plan_spec(parse_spec(text), schedule=schedule)
+        local = planned.lowered.function
+        kernels = [op for op in local.ops if op.kind.startswith("attention")]
+        flops[balance] = sum(ops.get(op.kind).cost([v.type for v in op.operands], [r.type for r in op.results],
+                                                    op.attrs).flops for op in kernels)
+        if balance:
+            assert_lowering_matches(planned.model, planned.lowered)
+    assert flops[0] > flops[2]

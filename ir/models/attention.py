@@ -139,13 +139,19 @@ def attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, mask: Value | No
     return b.dot_general(context, wo, [head_dims, list(range(len(head_dims)))], name=f"{prefix}out")
 
 
-def token_positions(b: Builder, seq: int) -> Value:
-    """[seq] i32: 0, 1, ..., the positions fused attention's causal mask compares."""
-    return b.iota([seq], dimension=0, name="positions")
+def token_positions(b: Builder, seq: int, balance: int = 0) -> Value:
+    """[seq] i32: the positions fused attention's causal mask compares: 0, 1,
+    ..., or with `balance` = n the sequence laid out in 2n chunks, mirrored
+    pairs side by side (`ir.opset.layout.mirrored_order`): what context-parallel trainers
+    feed, so each of k contiguous shards (k dividing n) holds chunks of equal
+    causal work. One `iota`, whole on every device as the count is."""
+    if balance and seq % (2 * balance):
+        raise ValueError(f"balance {balance}: the sequence of {seq} does not split into {2 * balance} chunks")
+    return b.op("iota", [], "positions", shape=[seq], dtype="i32", dimension=0, mirrored=balance)
 
 
 def flash_attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, positions: Value, causal: bool = True,
-                 prefix: str = "") -> Value:
+                 prefix: str = "", balance: int = 0) -> Value:
     """`attend`'s result computed by the fused `attention` op (FlashAttention:
     the scores are never a value of the program, `ir/opset/attention.py`).
 
@@ -153,7 +159,8 @@ def flash_attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, positions:
     or [batch, seq, head_dim] (one head shared by all); wo [heads, head_dim,
     d_model]. q is viewed as [batch, seq, kv_heads, heads per kv head,
     head_dim] (`q_grouped`) and wo as [kv_heads, heads per kv head, head_dim,
-    d_model] (`wo_grouped`), the attention's output is `context`.
+    d_model] (`wo_grouped`), the attention's output is `context`. `balance`:
+    the positions' layout (`token_positions`), which the kernels' cost reads.
     """
     if q.type.rank != 4 or k.type.rank not in (3, 4) or k.type != v.type:
         raise ValueError(f"flash_attend: q must be [batch, seq, heads, head_dim] and k, v alike, "
@@ -167,7 +174,7 @@ def flash_attend(b: Builder, q: Value, k: Value, v: Value, wo: Value, positions:
         raise ValueError(f"flash_attend: {groups} key/value heads do not divide {heads} query heads")
     q = b.reshape(q, [batch, seq, groups, heads // groups, head_dim], name=f"{prefix}q_grouped")
     context = b.op("attention", [q, k, v, positions, positions], name=f"{prefix}context",
-                   scale=1.0 / math.sqrt(head_dim), causal=causal)
+                   scale=1.0 / math.sqrt(head_dim), causal=causal, balance=balance)
     wo = b.reshape(wo, [groups, heads // groups, *wo.type.shape[1:]], name=f"{prefix}wo_grouped")
     return b.dot_general(context, wo, [[2, 3, 4], [0, 1, 2]], name=f"{prefix}out")
 

@@ -10,7 +10,9 @@
   llama3_8b       Llama 3 8B at long context: GQA (32 query heads, 8 key/value
                   heads), gated MLP 14,336, vocabulary 128,256, untied, sequences
                   of 131,072, a global batch of 16 (the long-context stage's
-                  shape; published: 8.0e9 parameters)
+                  shape; published: 8.0e9 parameters), laid out in 16
+                  mirrored chunk pairs (`balance`: the same causal work on
+                  each device of a context-parallel split into up to 16)
 
 The others train on sequences of 2048 tokens, all in bf16. Gemma's (1 + scale) RMSNorm and
 sqrt(d_model) embedding scaling are not modelled: they change no shapes.
@@ -43,6 +45,7 @@ llama2_70b: dict[str, Any] = dict(
 llama3_8b: dict[str, Any] = dict(
     layers=32, d_model=4096, heads=32, kv_heads=8, head_dim=128, gated_mlp=True, mlp_hidden=14336,
     vocab=128256, tied_embeddings=False, norm="rms", seq=131072, batch=16, dtype="bf16", attention="flash",
+    balance=16,
 )
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -59,7 +59,7 @@ class _Layout:
 def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: int = 8, mlp_hidden: int = 32,
                 vocab: int = 32, seq: int = 8, batch: int = 2, dtype: str = "f32", kv_heads: int | None = None,
                 norm: str = "rms", gated_mlp: bool = False, causal: bool = True, tied_embeddings: bool = False,
-                fused_qkv: bool = False, attention: str = "dense") -> Model:
+                fused_qkv: bool = False, attention: str = "dense", balance: int = 0) -> Model:
     """Mean next-token cross-entropy of a pre-norm decoder-only transformer.
 
     kv_heads: None or `heads` for multi-head attention, 1 for multi-query
@@ -72,9 +72,15 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
     attention: "dense" (`attend`: the scores, mask and softmax as ops, the
     1/sqrt(head_dim) scaling applied to q) or "flash" (`flash_attend`: one
     fused op, the scores never in memory, as long-context training runs).
+    balance: with fused attention, the sequence laid out in 2 * balance
+    chunks, mirrored pairs side by side (`token_positions`): the tokens and
+    targets are fed in `ir.opset.layout.mirrored_order`, and a context-parallel split into k
+    parts (k dividing balance) gives every device the same causal work.
     """
     if attention not in ATTENTION:
         raise ValueError(f"unknown attention {attention!r}; expected one of {', '.join(ATTENTION)}")
+    if balance and attention != "flash":
+        raise ValueError("balance lays out the positions fused attention reads: it needs attention='flash'")
     layout = _Layout(d_model, heads, _kv_heads(heads, kv_heads), head_dim, mlp_hidden, _check_norm(norm),
                      gated_mlp, fused_qkv, dtype, attention == "flash")
     b = Builder("transformer")
@@ -84,7 +90,7 @@ def transformer(layers: int = 2, d_model: int = 16, heads: int = 2, head_dim: in
     h = b.gather(table, tokens, name="embed")
     # One mask (or, for fused attention, one positions vector) for all layers: it depends only on positions.
     if layout.flash:
-        mask = (token_positions(b, seq), causal)
+        mask = (token_positions(b, seq, balance), causal, balance)
     else:
         mask = causal_mask(b, seq) if causal else None
     for layer in range(layers):
@@ -110,7 +116,7 @@ def _check_norm(norm: str) -> str:
     return norm
 
 
-def _block(b: Builder, layout: _Layout, h: Value, mask: Value | tuple[Value, bool] | None, prefix: str) -> Value:
+def _block(b: Builder, layout: _Layout, h: Value, mask: Value | tuple[Value, bool, int] | None, prefix: str) -> Value:
     """One pre-norm layer: h + attention(norm(h)), then + mlp(norm(.))."""
     x = _norm(b, layout, h, f"{prefix}attn_norm")
     q, k, v = _project_qkv(b, layout, x, f"{prefix}attn.")
@@ -119,14 +125,14 @@ def _block(b: Builder, layout: _Layout, h: Value, mask: Value | tuple[Value, boo
 
 
 def _attention_residual(b: Builder, layout: _Layout, h: Value, q: Value, k: Value, v: Value,
-                        mask: Value | tuple[Value, bool] | None, prefix: str) -> Value:
+                        mask: Value | tuple[Value, bool, int] | None, prefix: str) -> Value:
     """h + attend(q, k, v) projected by `{prefix}attn.wo` (the decode step
     passes keys and values that include its cache). With fused attention
-    `mask` is (positions, causal)."""
+    `mask` is (positions, causal, balance)."""
     wo = layout.param(b, f"{prefix}attn.wo", [layout.heads, layout.head_dim, layout.d_model])
     if layout.flash:
-        positions, causal = mask
-        attended = flash_attend(b, q, k, v, wo, positions, causal, f"{prefix}attn.")
+        positions, causal, balance = mask
+        attended = flash_attend(b, q, k, v, wo, positions, causal, f"{prefix}attn.", balance)
     else:
         attended = attend(b, q, k, v, wo, mask, f"{prefix}attn.")
     return b.add(h, attended, name=f"{prefix}attn_residual")

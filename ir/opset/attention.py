@@ -33,16 +33,26 @@ Cost, as the kernels run: one matmul-sized pass is 2 B G R S T H flops; the
 forward makes two (Q K^T, P V), `attention_dq` three (S again, dP = dO V^T,
 dQ = dS K) and `attention_dkv` four (S, dP, dV = P^T dO, dK = dS^T Q):
 FlashAttention-2's backward as its dq and dk/dv kernels. With `causal` the
-kernels skip the key blocks above the diagonal: half the passes' work. That
-holds for every device only with the sequence's chunks balanced (each device
-two mirrored chunks, as context-parallel trainers place them); the half is
-what the cost assumes. The row statistics the forward saves for the backward
+kernels skip the key blocks above the diagonal: half the passes' work where
+every device's queries see as many keys. In sequence order they do not: a
+kernel whose queries are one of k contiguous chunks of the keys' sequence
+(context parallelism: keys gathered, T = k S) costs, on the slowest device,
+the last chunk's (2k - 1) / 2k of its passes. `balance` = n lays the
+sequence out in 2n chunks, mirrored pairs side by side (0, 2n-1, 1, 2n-2,
+...; `ir.opset.layout.mirrored_order`), so every split into k dividing n
+contiguous parts holds pairs of equal work: the half again. A ring step
+(`stats`, one block of keys) costs half where `balance` > 0 (the ring
+rewrite sets it where the ring's blocks are balanced, and on its diagonal
+step) and its whole passes otherwise: in sequence order some device sees a
+whole block at every step but the first. The row statistics the forward saves for the backward
 (one f32 per query row and head, 1/H of o) are recomputed by the backward
 ops' semantics here and not counted. Bytes: operands read once, results
 written once.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -60,9 +70,16 @@ from ir.opdef import (
     require,
 )
 
-ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", attr_bool, True), AttrSpec("stats", attr_bool, False))
-PASSES = {"attention": 2, "attention_dq": 3, "attention_dkv": 4}  # matmul-sized passes (module docstring)
 
+def attr_count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"expected a count (an int, 0 or more), got {v!r}")
+    return v
+
+
+ATTRS = (AttrSpec("scale", attr_number), AttrSpec("causal", attr_bool, True), AttrSpec("stats", attr_bool, False),
+         AttrSpec("balance", attr_count, 0))
+PASSES = {"attention": 2, "attention_dq": 3, "attention_dkv": 4}  # matmul-sized passes (module docstring)
 
 
 def _check(kind: str, types: Types, stats: bool = False) -> tuple[TensorType, ...]:
@@ -129,11 +146,24 @@ def _dkv_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> Fac
                             [("two", *_KV)], combiners={"s": "sum", "r": "sum"}, opaque=["h", "t", "two", "c"])
 
 
+def causal_share(q: TensorType, k: TensorType, attrs: Attrs) -> tuple[int, int]:
+    """The share of its passes a kernel computes on the slowest device, as
+    (numerator, denominator) (module docstring, "Cost")."""
+    if not attrs["causal"]:
+        return 1, 1
+    if attrs["stats"]:
+        return (1, 2) if attrs["balance"] else (1, 1)
+    chunks = max(1, k.shape[1] // q.shape[1])
+    if chunks == 1 or (attrs["balance"] and attrs["balance"] % chunks == 0):
+        return 1, 2
+    return 2 * chunks - 1, 2 * chunks
+
+
 def _cost(operand_types: Types, result_types: Types, attrs: Attrs, passes: int) -> OpCost:
     q, k = operand_types[0], operand_types[1]
     one_pass = 2 * q.num_elements * k.shape[1]  # 2 B G R S H T
-    flops = passes * one_pass // (2 if attrs["causal"] else 1)
-    return OpCost(flops, io_bytes(operand_types, result_types))
+    share, whole = causal_share(q, k, attrs)
+    return OpCost(passes * one_pass * share // whole, io_bytes(operand_types, result_types))
 
 
 def _scores(q, k, q_pos, k_pos, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +239,7 @@ def _vjp(b, op, g, wanted):
         raise NotImplementedError("attention with stats is ring attention's block, made after autodiff "
                                   "(ir/ring_attention.py): it has no VJP")
     q, k, v, q_pos, k_pos = op.operands
-    attrs = {"scale": op.attrs["scale"], "causal": op.attrs["causal"]}
+    attrs = {"scale": op.attrs["scale"], "causal": op.attrs["causal"], "balance": op.attrs["balance"]}
     inputs = [q, k, v, q_pos, k_pos, op.results[0], g]
     out = [None] * 5
     if wanted[0]:

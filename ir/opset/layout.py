@@ -530,11 +530,26 @@ def _generated_cost(operand_types: Types, result_types: Types, attrs: Attrs) -> 
     return OpCost(0, result_types[0].num_bytes)
 
 
+def mirrored_order(n: int, pairs: int) -> np.ndarray:
+    """0, 1, ..., n - 1 laid out in 2 * pairs chunks, mirrored pairs side by
+    side: chunks 0, 2p-1, 1, 2p-2, ... (the identity for pairs 0). A causal
+    sequence in this order, split into k contiguous parts with k dividing
+    `pairs`, gives each part the same attention work (`ir.opset.attention`)."""
+    if not pairs:
+        return np.arange(n)
+    size = n // (2 * pairs)
+    chunks = [c for pair in range(pairs) for c in (pair, 2 * pairs - 1 - pair)]
+    return np.concatenate([np.arange(c * size, (c + 1) * size) for c in chunks])
+
+
 def _iota_infer(types: Types, attrs: Attrs, mesh: Mesh) -> Types:
     shape = attrs["shape"]
     _check_shape("iota", shape)
     check_dim("iota", attrs["dimension"], len(shape))
     require(attrs["dtype"] != "bool", "iota: dtype must be numeric")
+    pairs, count = attrs["mirrored"], shape[attrs["dimension"]]
+    require(pairs >= 0 and count % max(2 * pairs, 1) == 0,
+            f"iota: mirrored={pairs} needs a count that splits into {2 * pairs} chunks, got {count}")
     return (TensorType(shape, attrs["dtype"]),)
 
 
@@ -545,7 +560,7 @@ def _iota_factors(operand_types: Types, result_types: Types, attrs: Attrs) -> Fa
 
 def _iota_impl(args, attrs: Attrs):
     shape, dim = attrs["shape"], attrs["dimension"]
-    line = np.arange(shape[dim])
+    line = mirrored_order(shape[dim], attrs["mirrored"])
     expanded = [1] * len(shape)
     expanded[dim] = shape[dim]
     return (np.broadcast_to(line.reshape(expanded), shape).copy(),)
@@ -553,9 +568,10 @@ def _iota_impl(args, attrs: Attrs):
 
 register(OpDef(
     "iota", "layout", 0,
-    (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("dimension", attr_int, 0)),
+    (AttrSpec("shape", attr_ints), AttrSpec("dtype", attr_dtype), AttrSpec("dimension", attr_int, 0),
+     AttrSpec("mirrored", attr_int, 0)),
     _iota_infer, _iota_factors, _generated_cost, impl=_iota_impl, localize=local_shape_attrs, vjp=no_operands,
-    doc="0, 1, 2, ... counting along `dimension`",
+    doc="0, 1, 2, ... counting along `dimension` (with `mirrored`, in `mirrored_order`)",
 ))
 
 

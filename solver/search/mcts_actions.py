@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from solver.search.space import LATE, Point, SearchSpace
+from solver.search.space import Point, SearchSpace
 from solver.search.zero import WHOLE
 
 # An action fixes the bits of at most this many resolution classes (2**this variants).
@@ -43,9 +43,7 @@ def actions(space: SearchSpace, min_dims: int) -> tuple[list[Action], int]:
         if sum(nda.color_names[c] for c in space.groups[g]) < min_dims:
             pruned += len(variants) * len(space.options[(g, axis)])
             continue
-        # LATE is the polish's move (`solver.search.mcts_polish`), not an action: in the tree it drew
-        # descents away from the optimum (on the attention step, 18% above it with seed 0).
-        actions += [Action(g, axis, bits, level) for level in space.options[(g, axis)] if level != LATE
+        actions += [Action(g, axis, bits, level) for level in space.options[(g, axis)]
                     for bits in variants]
     return actions, pruned
 
