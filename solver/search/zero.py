@@ -34,7 +34,8 @@ from collections.abc import Collection
 from ir.nda import NDA
 
 OPTIMIZER, STORAGE, WHOLE = 1, 2, 3
-LEVEL_NAMES = {OPTIMIZER: "optimizer", STORAGE: "storage", WHOLE: "whole"}
+LATE = WHOLE + 1  # not ZeRO's: a data group decided after every other color (`solver.search.space`)
+LEVEL_NAMES = {OPTIMIZER: "optimizer", STORAGE: "storage", WHOLE: "whole", LATE: "late"}
 
 
 def parts(nda: NDA, data_colors: Collection[int], optimizer_state: Collection[str]) -> tuple[int, ...]:
