@@ -235,11 +235,13 @@ class SearchSpace:
         data_groups = {g for g, colors in enumerate(self.groups) if all(c in self.data_colors for c in colors)}
         found: dict[str, list[tuple[int, ...]]] = {a: [] for a in self.axes}
         offered: set[tuple[int, str]] = set()
+        # The last auto axis only: the tensor-parallel one, as meshes list model axes last ("Axis order").
+        last = [(len(self.axes) - 1, self.axes[-1])] if self.axes else []
         for owner_members in members.values():
             if not any(self.group_of[nda.iclasses[k].color] in data_groups for k in owner_members):
                 continue
             ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], k))
-            for i, a in enumerate(self.axes):
+            for i, a in last:
                 free = [k for k in ordered if self.status[k][i] == FREE]
                 for n, k in enumerate(free):
                     g = self.group_of[nda.iclasses[k].color]
@@ -256,8 +258,6 @@ class SearchSpace:
                         if h not in data_groups:
                             offered.add((g, a))
                     found[a] += sorted(rows)
-        # The last auto axis only: the tensor-parallel one, as meshes list model axes last ("Axis order").
-        offered = {(g, a) for g, a in offered if a == self.axes[-1]}
         late = tuple(pair for pair in self.variables if pair in offered)
         # Only the pairs offered LATE: an I-class whose group is never LATE there, or a group that never is.
         kept = {a: [(k, h, level, flag) for k, h, level, flag in rows
