@@ -35,7 +35,7 @@ too: the global program's kernels, cut at the uses where the plan puts a
 collective. `fused_time_s` is the one place the kernel formula lives.
 
 Memory is not changed by fusion here: a fused intermediate is still counted
-live from its op to its use (an over-estimate; see docs/ARCHITECTURE.md).
+live from its op to its use (an over-estimate; see docs/costmodel.md).
 """
 
 from __future__ import annotations

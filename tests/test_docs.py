@@ -171,7 +171,12 @@ def _anchors(text: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
-@pytest.mark.parametrize("where", ["README.md"] + [f"docs/{p}" for p in PAGES])
+MAP = "docs/ARCHITECTURE.md"
+DEEP_DIVES = ["search.md", "costmodel.md", "pipelines.md", "import.md", "internals.md", "long_context.md"]
+
+
+@pytest.mark.parametrize("where", ["README.md", "CONTRIBUTING.md", MAP]
+                         + [f"docs/{p}" for p in PAGES + DEEP_DIVES])
 def test_relative_links_reach_a_file_and_heading(where):
     path = ROOT / where
     text = path.read_text()
@@ -183,3 +188,50 @@ def test_relative_links_reach_a_file_and_heading(where):
         assert linked.exists(), f"{where}: {target}"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked.read_text()), f"{where}: {target}"
+
+
+def test_the_architecture_map_is_short_and_links_its_deep_dives():
+    text = (ROOT / MAP).read_text()
+    assert len(text.splitlines()) <= 600
+    for page_name in DEEP_DIVES[:5]:
+        assert f"]({page_name})" in text, page_name
+    assert not re.search(r"\bissues? \d+", text, re.I), "history (issue numbers) belongs in commits and issue notes"
+
+
+_MODULE_PATH = re.compile(r"`((?:ir|costmodel|solver|tests|tools|bench)/[\w/]*?\w+(?:\.py|/))`")
+
+
+@pytest.mark.parametrize("where", [MAP, "CONTRIBUTING.md"] + [f"docs/{p}" for p in DEEP_DIVES])
+def test_each_module_the_docs_name_exists(where):
+    """A path in backticks (`solver/search/space.py`, `ir/opset/`) names a file or folder that exists."""
+    text = (ROOT / where).read_text()
+    missing = sorted({m for m in _MODULE_PATH.findall(text) if not (ROOT / m).exists()})
+    assert not missing, f"{where} names modules that do not exist: {missing}"
+
+
+def test_the_map_names_every_package_and_module():
+    """Each package under ir/, costmodel/ and solver/ and each module in them is named in the map
+    (a module inside a package the map lists by its files, e.g. `ir/opset/`, by its file name)."""
+    text = (ROOT / MAP).read_text()
+    unnamed = []
+    for top in ("ir", "costmodel", "solver"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.name == "__init__.py":
+                if rel != f"{top}/__init__.py" and f"`{path.parent.relative_to(ROOT).as_posix()}/`" not in text:
+                    unnamed.append(rel)
+            elif f"`{rel}`" not in text and f"`{path.name}`" not in text:
+                unnamed.append(rel)
+    assert not unnamed, f"docs/ARCHITECTURE.md does not name {unnamed}"
+
+
+def test_contributing_commands_name_scripts_and_flags_that_exist():
+    """Each `python bench/...` command in CONTRIBUTING.md runs a script that exists and takes those flags."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    commands = re.findall(r"`python (bench/\w+\.py)((?: --[\w-]+(?: \d+)?)*)`", text)
+    assert len(commands) >= 10
+    for script, flags in commands:
+        source = (ROOT / script).read_text()
+        for flag in re.findall(r"--[\w-]+", flags):
+            assert f'"{flag}"' in source, f"{script} has no {flag}"
+    assert quick_start_commands()[1] in text  # the README's test command, as CI runs it

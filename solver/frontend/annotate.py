@@ -27,7 +27,7 @@ Why annotations rather than re-tracing the user's function with
 planned, value for value, so every constraint lands on the exact value the
 plan describes, the text is all a tool needs (no Python function, no jax
 to write it), and the result is a plain StableHLO file any Shardy-enabled
-XLA compiles. docs/ARCHITECTURE.md has the measured comparison with XLA.
+XLA compiles. docs/import.md and docs/xla_comparison.md have the measured comparison with XLA.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The simulator's figure for a searched plan: lower it and run the
 two-stream schedule (`costmodel.simulate`). CP-SAT proves the serial step
 time; `cpsat.solve` with `rerank` > 1 asks this for the makespan of each of
-its best plans and keeps the shortest (docs/ARCHITECTURE.md, "What the
+its best plans and keeps the shortest (docs/costmodel.md, "What the
 solver proves")."""
 
 from __future__ import annotations
