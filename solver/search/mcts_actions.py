@@ -52,11 +52,8 @@ def successor(point: Point, action: Action) -> Point:
     """The point after a statically valid action (`statically_valid`)."""
     bits = dict(point.bits)
     bits.update(action.bits)
-    pair = (action.group, action.axis)
-    base = point.without(pair)  # the pair is unset or at a narrower level
-    if action.level == WHOLE:
-        return Point(base.sharded | {pair}, tuple(sorted(bits.items())), base.partial)
-    return Point(base.sharded, tuple(sorted(bits.items())), base.partial | {(*pair, action.level)})
+    after = point.at((action.group, action.axis), action.level)  # the pair was unset or at a narrower level
+    return Point(after.sharded, tuple(sorted(bits.items())), after.partial)
 
 
 def statically_valid(point: Point, action: Action, space: SearchSpace | None = None) -> bool:

@@ -175,13 +175,12 @@ def starts(search: Any, point: Point, essential: Point) -> list[tuple[Point, Pai
             dropped = held.without(pair)
             out[(dropped, None)] = None
             for narrower in (n for n in space.options.get(pair, ()) if n < min(level, WHOLE)):
-                out[(Point(dropped.sharded, dropped.bits, dropped.partial | {(*pair, narrower)}), None)] = None
+                out[(held.at(pair, narrower), None)] = None
             out[(dropped, pair)] = None
-        # LATE (sequence parallelism) is a move, not an action: a descent adds what the tree found next to it.
+        # A pair set whole moved to LATE (sequence parallelism): actions only widen a level, so none makes it.
         for pair in space.late_variables:
             if held.levels().get(pair, WHOLE) == WHOLE:
-                dropped = held.without(pair)
-                late = Point(dropped.sharded, dropped.bits, dropped.partial | {(*pair, LATE)})
+                late = held.at(pair, LATE)
                 if space.late_order_ok(late.levels()):
                     out[(late, None)] = None
     return list(out)

@@ -122,6 +122,13 @@ class Point:
         """How many (group, axis) pairs are set."""
         return len(self.sharded) + len(self.partial)
 
+    def at(self, pair: tuple[int, str], level: int) -> Point:
+        """This point with the (group, axis) pair set at `level` (whole, partial or LATE), whatever it was."""
+        base = self.without(pair)
+        if level == WHOLE:
+            return Point(base.sharded | {pair}, base.bits, base.partial)
+        return Point(base.sharded, base.bits, base.partial | {(*pair, level)})
+
     def without(self, pair: tuple[int, str]) -> Point:
         """This point with the (group, axis) pair unset, at whatever level it was."""
         return Point(self.sharded - {pair}, self.bits, frozenset(v for v in self.partial if v[:2] != pair))
@@ -384,7 +391,7 @@ class SearchSpace:
             for pair in reversed(self.late_variables):  # the last axes first: a group's late axes come last
                 if pair not in point.sharded:
                     continue
-                late = Point(point.sharded - {pair}, point.bits, point.partial | {(*pair, LATE)})
+                late = point.at(pair, LATE)
                 if not self.late_order_ok(late.levels()):
                     continue
                 n = int(np.sum(self.codes(late) == wanted))
