@@ -349,8 +349,13 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
     model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)
     options = MctsOptions(iterations=300, min_dims=0)
     bounded = solve(space, table, options)
-    monkeypatch.setattr(mcts._Mcts, "candidate_ranks",
-                        lambda self, candidates, here: [self.price(p, c).rank for p, c in candidates])
+    def price_every_candidate(self, candidates, here, binds):
+        ranks = [self.price(p, c).rank for p, c in candidates]
+        improving = [r < here for r in ranks]
+        return min((k for k in range(len(ranks)) if improving[k]), key=ranks.__getitem__, default=None), \
+            improving, binds
+
+    monkeypatch.setattr(mcts._Mcts, "step", price_every_candidate)
     priced = solve(space, table, options)
     assert bounded.plan == priced.plan and bounded.cost == priced.cost
     one, every = bounded.report.to_json(), priced.report.to_json()

@@ -66,36 +66,11 @@ optimum. Applying the best *state* as the next root (rather than its
 first action) trapped later rounds in a local optimum, since actions only
 add shardings.
 
-Budget (issue 27): every trajectory's descent prices ~|actions| fresh
-states per step and a table evaluation costs 2-25 ms on the large specs,
-so the search spent 20-60 s, nearly all in `CostTable.evaluate`; its best
-plan was found within the first 1-36 trajectories on every bundled spec and
-the remaining ones found nothing. Two changes, kept because no bundled
-spec's result got worse (the same step time as before on each, CP-SAT's
-wherever it proves optimality) while the plans priced fell 1.5-6x
-(chinchilla_32l 2097 -> 943, unet 17693 -> 6374, gemma_2b 2281 -> 1146):
-  - patience: a round ends after `patience` trajectories in a row that
-    did not beat its best, rather than after 100. It was 20 (10 lost 0.16%
-    on Gemma-2B, whose last improvement came 16 trajectories after the one
-    before); with the polish's narrowing and refit (issue 34) it is 10, on
-    the 19 bundled specs besides llama2_70b: the same answers but on
-    Gemma-2B (+0.09%, CP-SAT's optimum +0.09%) and unet (+0.04%, still
-    within 0.03% of CP-SAT's best), 10-40% less time (unet 61 -> 37 s,
-    chinchilla_32l_a100 49 -> 38 s, gemma_2b 12.6 -> 8.7 s). It is 6
-    since: on the 22 bundled specs (MoE included) the same answers but
-    gemma_2b_tpuv3 (+0.35%, within 0.36% of CP-SAT's optimum), in 10-64%
-    less time (`plan --solver mcts --jobs 2`, one machine, one hour:
-    deepseek_v3_moe 55.7 -> 20.0 s, mixtral_8x7b 62.3 -> 44.4 s,
-    gemma_7b_tpuv3 40.5 -> 25.2 s, unet 27.4 -> 17.9 s, gns 10.7 -> 5.6 s,
-    llama2_70b 53.8 -> 47.3 s);
-  - focused descents: after a step, only the actions that improved on the
-    state just left are tried ("don't look bits"), not every valid action;
-    the first step of each descent still tries them all, so a start the
-    tree chose still reaches plans whose parts are worse alone (Megatron).
-A descent from the root before the first round, tried too, made round 1
-look fruitless next to it and ended searches early (Gemma-2B on A100 and
-TPUv3 0.4-0.5% slower), which is also why rounds are judged by their
-trajectories only (the incumbent paragraph).
+Budget: a round ends after `patience` trajectories in a row that did not
+beat its best, and a descent's later steps try only the actions that
+improved on the state just left ("don't look bits"; its first step tries
+them all, so a start the tree chose still reaches plans whose parts are
+worse alone). docs/search.md ("MCTS") has the measurements behind both.
 Descents are memoized per start state, and per state its valid actions
 and per (state, action) its successor, so revisits cost dict look-ups.
 
@@ -125,21 +100,33 @@ of a third, with ZeRO-3 of the embedding, 2.1% faster; no single action
 gets there). On the small ZeRO space of tests/test_mcts.py, a descent
 from 118 of the 128 fitting points ends above the optimum, the polish
 from 62 of them reaches it. It costs a few memoized descents per decision
-of the answer. With an incumbent, the polish then starts again from where
+of the answer; the decisions are scanned round, from the one that made the
+last move, and a polish that reaches a plan an earlier one moved through
+stops (unet: 1,036 -> 337 moves, mixtral_8x7b 913 -> 280, the same answers
+within 0.002%). With an incumbent, the polish then starts again from where
 the incumbent's descent ended, if that is another plan: the rounds can end
 in a basin the polish does not leave while the expert's lies elsewhere
 (llama2_70b: the batch over all three axes and no tensor parallelism at
 8.696 s, 1.1% above CP-SAT; from the expert's DP+FSDP+MP+R the polish
 reaches the heads and the MLP on the model axis at 8.636 s).
 
-Bounds. A descent looks for the best candidate that improves on the state
-it is at, so a candidate that cannot is only told apart from the others by
-being no better. Where the state fits memory, a candidate whose relative
+Bounds. A descent step looks for the best candidate that improves on the
+state it is at. Where the state fits memory, a candidate whose relative
 step time alone (RT) is no smaller than the state's C = RT + MP cannot rank
 before it (its own C is at least its RT, and not fitting ranks it later
-still), and its peak memory is not replayed (`CostTable.timed`): the same
-descents, the same plans, with most candidates timed only (the report's
-`timed_only`). The replay was 25-35% of an evaluation on the bundled specs.
+still), and among those below, the fastest that fits is the best (a plan
+that fits has C = RT). So every candidate is timed (`CostTable.timed`,
+without the peak memory replay), and only those below C are replayed, in
+RT order, until one fits (`_Mcts.step`): the same step as pricing every
+candidate, with one replay where memory does not bind (the report's
+`timed_only` counts the others). The candidates below C are the ones the
+next step focuses on, fitting or not (pricing them all, the focus would
+drop those that do not fit; a superset, so no descent looks at less).
+Where memory binds (the fastest candidate did not fit), the next step
+replays the candidates below C as it times them rather than timing them
+twice. On unet (memory does not bind) 5,528 -> 478 replays for the same
+plan; on mixtral_8x7b, whose fastest candidates mostly do not fit, 10,955
+-> 7,667.
 
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
@@ -261,7 +248,8 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class _Priced:
-    relative_cost: float
+    relative_cost: float  # C = RT + MP
+    runtime: float  # RT
     cost: Cost
 
     @property
@@ -287,7 +275,7 @@ class _Mcts:
         self.fold = table.fold(representatives)
         self.nodes: dict[tuple, _Node] = {}
         self.prices: dict[bytes, _Priced] = {}
-        self.slower: dict[bytes, float] = {}  # plans timed but not priced: their RT (`candidate_ranks`)
+        self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
         self.helpers: Helpers = Helpers(self.work, 1)  # `solve` opens the option's processes
         self.codes_of: dict[Point, np.ndarray] = {}
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
@@ -297,6 +285,7 @@ class _Mcts:
         self.best: tuple[_Priced, Point, np.ndarray] | None = None
         self.incumbent: _Priced | None = None
         self.incumbent_end: tuple[Point, np.ndarray] | None = None  # where the incumbent's descent ended
+        self.polished: set[bytes] = set()  # the codes of the plans the polish moved through (`mcts_polish`)
         self.committed: list[tuple[int, str]] = []  # the (group, axis) of each action a round committed to
         self.fastest_s = math.inf  # the fastest plan priced, fitting or not
         self.smallest: tuple[int, Point, np.ndarray] | None = None
@@ -358,15 +347,9 @@ class _Mcts:
     def price(self, point: Point, codes: np.ndarray) -> _Priced:
         return self.price_all([(point, codes)])[0]
 
-    def price_all(self, states: list[tuple[Point, np.ndarray]]) -> list[_Priced]:
-        """`price` of each state: those not priced yet are priced by `work`,
-        shared with the helpers, in order (`_assess`)."""
-        self._assess(states, None)
-        return [self.prices[codes.tobytes()] for _, codes in states]
-
     def _priced(self, point: Point, codes: np.ndarray, key: bytes, cost: Cost) -> _Priced:
-        relative = Assessment(cost, self.baseline, self.ideal_s).relative_cost
-        priced = self.prices[key] = _Priced(relative, cost)
+        assessed = Assessment(cost, self.baseline, self.ideal_s)
+        priced = self.prices[key] = _Priced(assessed.relative_cost, assessed.relative_runtime, cost)
         if self.best is None or priced.rank < self.best[0].rank:
             self.best = (priced, point, codes)
         if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
@@ -374,59 +357,83 @@ class _Mcts:
         self.fastest_s = min(self.fastest_s, cost.step_time_s)
         return priced
 
-    def candidate_ranks(self, candidates: list[tuple[Point, np.ndarray]],
-                        here: tuple[bool, float]) -> list[tuple[bool, float] | None]:
-        """A descent step's candidates' ranks, None for those whose step time
-        alone shows they cannot rank before `here`, a plan that fits: C = RT +
-        MP is at least RT, so a plan whose RT is no smaller than here's C is
-        no better, fitting or not, and its peak memory is not replayed (module
-        docstring, "Bounds"). Where here does not fit, every candidate is
-        priced (`_assess`, shared with the helpers)."""
-        self._assess(candidates, None if here[0] else here[1])
-        ranks = []
-        for _, codes in candidates:
-            priced = self.prices.get(codes.tobytes())
-            ranks.append(None if priced is None else priced.rank)
-        return ranks
+    def step(self, candidates: list[tuple[Point, np.ndarray]], here: tuple[bool, float],
+             binds: bool = False) -> tuple[int | None, list[bool], bool]:
+        """A descent step from a state ranked `here`: the index of the best
+        candidate that ranks before it (None: none does), per candidate
+        whether it improves, and whether memory bound the step. Where here
+        fits, every candidate is timed, and only those whose relative step
+        time alone (RT) is below here's C are replayed for memory, one after
+        another in RT order until one fits: that one is the best (C = RT + MP
+        is at least RT, and a plan that fits has MP 0), and the others are
+        improving on their RT (module docstring, "Bounds"). Memory binds
+        where the fastest does not fit; then (`binds`, the step before's) the
+        candidates below here's C are replayed as they are timed, not timed
+        again when their turn comes. Where here does not fit, every
+        candidate is priced whole and ranked. The work is `work`'s, shared
+        with the helpers, in the candidates' order."""
+        if here[0]:
+            ranks = [p.rank for p in self.price_all(candidates)]
+            improving = [r < here for r in ranks]
+            best = min((k for k, r in enumerate(ranks) if improving[k]), key=ranks.__getitem__, default=None)
+            return best, improving, binds
+        runtimes = self.runtimes(candidates, here[1] if binds else None)
+        improving = [rt < here[1] for rt in runtimes]
+        # One at a time (here, not in a helper: the first usually fits), so that what is priced does not
+        # depend on the jobs.
+        for n, k in enumerate(sorted((k for k in range(len(candidates)) if improving[k]), key=runtimes.__getitem__)):
+            if self.price(*candidates[k]).cost.fits:
+                return k, improving, n > 0
+        return None, improving, True
 
-    def _assess(self, states: list[tuple[Point, np.ndarray]], threshold: float | None) -> None:
-        """Price the states not priced yet, but for those whose RT is at least
-        `threshold` (kept in `slower`, their peak not replayed): by `work`,
+    def runtimes(self, states: list[tuple[Point, np.ndarray]], below: float | None = None) -> list[float]:
+        """Each state's RT: from its price, or timed (kept in `timed`, its
+        peak not replayed), by `work`, shared with the helpers; those timed
+        whose RT is below `below` are priced whole in the same work."""
+        todo = {codes.tobytes(): (point, codes) for point, codes in states
+                if codes.tobytes() not in self.prices and codes.tobytes() not in self.timed}
+        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.helpers.map(
+                [("time", codes, below) for _, codes in todo.values()])):
+            self.fastest_s = min(self.fastest_s, step_time_s)
+            self.timed[key] = runtime
+            if cost is not None:
+                self._priced(point, codes, key, cost)
+        out = []
+        for _, codes in states:
+            priced = self.prices.get(codes.tobytes())
+            out.append(self.timed[codes.tobytes()] if priced is None else priced.runtime)
+        return out
+
+    def price_all(self, states: list[tuple[Point, np.ndarray]]) -> list[_Priced]:
+        """`price` of each state: those not priced yet are priced by `work`,
         shared with the helpers, the results taken in the states' order, so
         the prices, the best and the smallest are those of a loop over them."""
         todo: dict[bytes, tuple[Point, np.ndarray]] = {}
         for point, codes in states:
             key = codes.tobytes()
-            if key in self.prices or key in todo:
-                continue
-            slower = self.slower.get(key)
-            if threshold is None or slower is None or slower < threshold:
+            if key not in self.prices and key not in todo:
                 todo[key] = (point, codes)
-        assessed = self.helpers.map([("price", codes, threshold) for _, codes in todo.values()])
-        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), assessed):
-            self.fastest_s = min(self.fastest_s, step_time_s)
-            if cost is None:
-                self.slower[key] = runtime
-            else:
-                self._priced(point, codes, key, cost)
+        for (key, (point, codes)), cost in zip(todo.items(), self.helpers.map(
+                [("price", codes) for _, codes in todo.values()])):
+            self._priced(point, codes, key, cost)
+        return [self.prices[codes.tobytes()] for _, codes in states]
 
     def work(self, task: tuple) -> Any:
         """What the helpers share (`solver.search.forked.Helpers`), a function
         of the task, the space and the table alone, so it runs here or in a
         helper: ("codes", point, near): the point's codes (`codes`);
-        ("price", codes, threshold): a candidate's (step time, RT, cost), the
-        cost None, its peak not replayed, where its RT is at least `threshold`
-        (here's C, `candidate_ranks`), the RT None where it is priced whole."""
+        ("time", codes, below): a state's step time, RT and, where the RT is
+        below `below` (a number), its cost, else None, its peak not replayed;
+        ("price", codes): its cost."""
         if task[0] == "codes":
             _, point, near = task
             return self.materialize.few(point, near).astype(self.table.code_dtype)
-        _, codes, threshold = task
-        timed = self.table.timed(self.whole(codes), self.fold)
-        if threshold is not None:
+        timed = self.table.timed(self.whole(task[1]), self.fold)
+        if task[0] == "time":
             runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
-            if runtime >= threshold:
-                return timed.step_time_s, runtime, None
-        return timed.step_time_s, None, timed.cost()
+            below = task[2] is not None and runtime < task[2]
+            return timed.step_time_s, runtime, timed.cost() if below else None
+        return timed.cost()
 
     # ------------------------------------------------------------ one trajectory
 
@@ -503,18 +510,16 @@ class _Mcts:
             return known
         start, focus = point, self.options.focus
         best = self.price(point, codes).rank
-        candidates = self.allowed(point, avoid)
+        candidates, binds = self.allowed(point, avoid), False
         while point.size < self.options.max_depth:
-            here, found, improving = best, None, []
+            here = best
             steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
-            for (action, after), rank in zip(steps, self.candidate_ranks([after for _, after in steps], here)):
-                if rank is not None and rank < here:
-                    improving.append(action)
-                    if rank < best:
-                        best, found, taken = rank, after, action
-            if found is None:
+            chosen, improves, binds = self.step([after for _, after in steps], here, binds)
+            if chosen is None:
                 break
-            point, codes = found
+            improving = [action for (action, _), better in zip(steps, improves) if better]
+            taken, (point, codes) = steps[chosen]
+            best = self.prices[codes.tobytes()].rank
             # Focus: only the actions that improved on the state just left are tried from the next one.
             candidates = [a for a in improving if a is not taken and statically_valid(point, a, self.space)] if focus \
                 else self.allowed(point, avoid)
@@ -608,7 +613,7 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     solve_s = time.perf_counter() - start - build_s
     priced, point, codes = search.best
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
-                  evaluations=len(search.prices), timed_only=len(search.slower.keys() - search.prices.keys()),
+                  evaluations=len(search.prices), timed_only=len(search.timed.keys() - search.prices.keys()),
                   states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=space.decisions,
