@@ -71,6 +71,21 @@ def test_rerank_one_keeps_the_optimum_and_simulates_nothing():
     assert one.report.rerank_makespans_s == () and "re-ranked" not in one.report.message
 
 
+def test_a_rerank_where_no_plan_fits_under_the_score_says_so_and_keeps_the_optimum():
+    """A pipelined spec's score is infinite for a plan that fits memory with
+    no count of microbatches: where every plan compared is, the optimum is
+    kept and the report says why (its makespans null in JSON, which has no
+    infinity)."""
+    _, _, table, space = setup(*CASES[0], slow_hardware(CASES[0][2]))
+    plain = solve(space, table, CpSatOptions(time_limit_s=60))
+    unfit = solve(space, table, CpSatOptions(time_limit_s=60, rerank=3, score=lambda plan, sharding: float("inf"),
+                                             score_name="the pipeline schedule"))
+    assert unfit.sharding == plain.sharding and unfit.report.rerank_winner == 0
+    assert unfit.report.message.endswith("none of them fits memory under the pipeline schedule: the optimum is kept")
+    assert "inf" not in unfit.report.message.replace("infeasible", "")
+    assert json.loads(json.dumps(unfit.report.to_json(), allow_nan=False))["rerank_makespans_s"] == [None] * 3
+
+
 def test_rerank_stops_when_the_space_has_fewer_plans():
     """Asking for more plans than the space holds compares every plan that fits."""
     _, _, table, space = setup("mlp", dict(batch=64, d_in=64, hidden=128, d_out=64), Mesh.of(x=2),

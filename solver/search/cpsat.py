@@ -119,7 +119,7 @@ class SolveReport:
     # Re-ranking (rerank > 1): the serial step times and simulated makespans of the plans compared,
     # best serial first, and the index of the one chosen (the shortest makespan).
     rerank_objectives_s: tuple[float, ...] = ()
-    rerank_makespans_s: tuple[float | None, ...] = ()  # None: not scored, its step time alone no faster
+    rerank_makespans_s: tuple[float | None, ...] = ()  # None: not scored (its step time alone no faster), or unfit
     rerank_winner: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -594,15 +594,17 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
     if incumbent is not None and found[winner][1] == incumbent[1]:
         message += "; the hint: no searched plan was faster" + (", none is" if status == "optimal" else "")
     if makespans:
-        unscored = sum(m is None for m in makespans)
+        unscored, unfit = sum(m is None for m in makespans), math.isinf(makespans[winner])
         message += (f"; {options.score_name} re-ranked the {len(found)} best plans"
                     + (f" ({unscored} not scored: their step times alone are no faster)" if unscored else "") + ": "
-                    + (f"the optimum has the shortest makespan ({makespans[0]:.6g} s)" if winner == 0 else
+                    + (f"none of them fits memory under {options.score_name}: the optimum is kept" if unfit else
+                       f"the optimum has the shortest makespan ({makespans[0]:.6g} s)" if winner == 0 else
                        f"chose #{winner + 1}, step time {objective:.6g} s, makespan {makespans[winner]:.6g} s "
                        f"(the optimum's: {makespans[0]:.6g} s)"))
     report = SolveReport(status=status, objective_s=objective, bound_s=bound, gap=gap, message=message,
                          rerank_objectives_s=tuple(f[3] for f in found) if makespans else (),
-                         rerank_makespans_s=makespans, rerank_winner=winner, **common)
+                         rerank_makespans_s=tuple(None if m is not None and math.isinf(m) else m for m in makespans),
+                         rerank_winner=winner, **common)
     return AutoResult(plan, sharding, cost, report)
 
 
