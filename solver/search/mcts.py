@@ -124,9 +124,9 @@ next step focuses on, fitting or not (pricing them all, the focus would
 drop those that do not fit; a superset, so no descent looks at less).
 Where memory binds (the fastest candidate did not fit), the next step
 replays the candidates below C as it times them rather than timing them
-twice. On unet (memory does not bind) 5,528 -> 478 replays for the same
+twice. On unet (memory does not bind) 5,528 -> 807 replays for the same
 plan; on mixtral_8x7b, whose fastest candidates mostly do not fit, 10,955
--> 7,667.
+-> 9,212.
 
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
