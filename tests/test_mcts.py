@@ -340,10 +340,11 @@ def test_polish_is_an_option():
 
 @pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
 def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypatch, memory):
-    """A descent's candidate whose step time alone cannot beat the state it
-    is at is not replayed for memory (`_Mcts.candidate_ranks`): the search takes
+    """A descent step replays for memory only its candidates faster than the
+    state it is at, in order, until one fits (`_Mcts.step`): the search takes
     the same course and returns the same plan as one that prices every
-    candidate, where memory shapes the answer too."""
+    candidate, where memory shapes the answer too (there, the step's focus
+    may keep candidates that do not fit: a superset; here the same course)."""
     mesh = Mesh.of(batch=2, model=2)
     hardware = slow_hardware(mesh) if memory is None else slow_hardware(mesh, memory=memory)
     model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)

@@ -72,10 +72,10 @@ def test_rerank_one_keeps_the_optimum_and_simulates_nothing():
 
 
 def test_a_rerank_where_no_plan_fits_under_the_score_says_so_and_keeps_the_optimum():
-    """A pipelined spec's score is infinite for a plan that fits memory with
-    no count of microbatches: where every plan compared is, the optimum is
-    kept and the report says why (its makespans null in JSON, which has no
-    infinity)."""
+    """A pipelined spec's score is infinite for a plan that does not fit
+    memory at any count of microbatches: where every plan compared is so,
+    the optimum is kept and the report says why (its makespans null in
+    JSON, which has no infinity)."""
     _, _, table, space = setup(*CASES[0], slow_hardware(CASES[0][2]))
     plain = solve(space, table, CpSatOptions(time_limit_s=60))
     unfit = solve(space, table, CpSatOptions(time_limit_s=60, rerank=3, score=lambda plan, sharding: float("inf"),

@@ -61,10 +61,10 @@ def _polish_from(search: Any, point: Point, codes: np.ndarray, deadline: float) 
     """`polish`'s moves from one plan; the search's best becomes the end
     reached when that ranks before it. The starts are scanned round: after a
     move, from the one that made it (the ones before it were just tried from
-    a plan that differs in one decision), until a whole round finds nothing
-    (unet: 40% fewer descents, the same answers on the bundled specs). A
-    polish that reaches a plan an earlier one moved through stops: that one
-    tried the moves from there (`_Mcts.polished`)."""
+    a plan that differs in one decision), until a whole round finds nothing.
+    A polish that reaches a plan an earlier one moved through stops: that
+    one tried the moves from there (`_Mcts.polished`). Both: unet's polish
+    1,036 -> 337 moves, the same answers on the bundled specs."""
     tried = 0
     priced = search.price(point, codes)
     at = 0  # where the scan resumes
