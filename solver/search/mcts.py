@@ -358,7 +358,7 @@ class _Mcts:
         return priced
 
     def step(self, candidates: list[tuple[Point, np.ndarray]], here: tuple[bool, float],
-             binds: bool = False) -> tuple[int | None, list[bool], bool]:
+             binds: bool) -> tuple[int | None, list[bool], bool]:
         """A descent step from a state ranked `here`: the index of the best
         candidate that ranks before it (None: none does), per candidate
         whether it improves, and whether memory bound the step. Where here
@@ -390,8 +390,8 @@ class _Mcts:
         """Each state's RT: from its price, or timed (kept in `timed`, its
         peak not replayed), by `work`, shared with the helpers; those timed
         whose RT is below `below` are priced whole in the same work."""
-        todo = {codes.tobytes(): (point, codes) for point, codes in states
-                if codes.tobytes() not in self.prices and codes.tobytes() not in self.timed}
+        todo = {key: (point, codes) for point, codes in states
+                if (key := codes.tobytes()) not in self.prices and key not in self.timed}
         for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.helpers.map(
                 [("time", codes, below) for _, codes in todo.values()])):
             self.fastest_s = min(self.fastest_s, step_time_s)
@@ -509,17 +509,16 @@ class _Mcts:
         if known is not None:
             return known
         start, focus = point, self.options.focus
-        best = self.price(point, codes).rank
+        here = self.price(point, codes).rank
         candidates, binds = self.allowed(point, avoid), False
         while point.size < self.options.max_depth:
-            here = best
             steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
             chosen, improves, binds = self.step([after for _, after in steps], here, binds)
             if chosen is None:
                 break
             improving = [action for (action, _), better in zip(steps, improves) if better]
             taken, (point, codes) = steps[chosen]
-            best = self.prices[codes.tobytes()].rank
+            here = self.prices[codes.tobytes()].rank
             # Focus: only the actions that improved on the state just left are tried from the next one.
             candidates = [a for a in improving if a is not taken and statically_valid(point, a, self.space)] if focus \
                 else self.allowed(point, avoid)
