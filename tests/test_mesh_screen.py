@@ -256,7 +256,7 @@ def test_an_accumulating_meshs_floor_reads_one_microbatch_where_it_fits(tmp_path
     # first: where the screen priced one microbatch and it fits, the floor reads it.
     path = tmp_path / "gpt.yaml"
     path.write_text(GPT.replace("mesh: {pipeline: auto, data: auto, model: auto}", "mesh: {data: auto, model: auto}"))
-    _floor_reads_the_screen(plan_meshes(path, "cpsat", searched=2), monkeypatch, stages=lambda n: n == 1)
+    _floor_reads_the_screen(plan_meshes(path, "cpsat", searched=1), monkeypatch, stages=lambda n: n == 1)
 
 
 def _floor_reads_the_screen(search, monkeypatch, stages) -> None:

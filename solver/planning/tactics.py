@@ -43,7 +43,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ir.core import IRError, Mesh, Value
+from ir.core import IRError, Mesh, Recent, Value
 from ir.nda import NDA
 from ir.remat import REMAT_SUFFIX
 from ir.sharding import Decision
@@ -165,14 +165,22 @@ def _manual(nda: NDA, plan: Plan, tactic: Manual, where: str) -> Plan:
     return plan.with_decisions(*pinned, *spread)
 
 
+_MANUAL_VALUES = Recent(64)  # by program and pattern: a mesh search applies one schedule to a hundred meshes
+
+
 def _manual_values(nda: NDA, pattern: str, where: str) -> list[Value]:
     """The parameters a manual pattern names or, where it names none, the op
     results (and their recomputations, `<name>.remat`): a layout inside the
     program, such as Ulysses' heads split between the two all_to_alls
-    around attention, has no parameter to start from."""
-    params = [v for v in nda.function.params if fnmatch.fnmatchcase(v.name, pattern)]
-    made = _named([r for op in nda.function.ops for r in op.results], pattern)
-    return params or made or _matching(nda, (pattern,), where)  # the parameters' error message
+    around attention, has no parameter to start from. (Matching every op's
+    result of an 80-layer program is a tenth of a second a pattern: the
+    last few programs' matches are kept.)"""
+    def match() -> tuple[Value, ...]:
+        params = [v for v in nda.function.params if fnmatch.fnmatchcase(v.name, pattern)]
+        return tuple(params or _named([r for op in nda.function.ops for r in op.results], pattern))
+
+    found = _MANUAL_VALUES.get((nda.function,), pattern, match)
+    return list(found) or _matching(nda, (pattern,), where)  # the parameters' error message
 
 
 def _named(values: Sequence[Value], pattern: str) -> list[Value]:
