@@ -106,7 +106,8 @@ class _Facts:
 
 
 _FACTS = Recent(4)
-_SIZELESS = Recent(8)  # the last few decision lists applied with no claim cut short, by analysis identity
+_SIZELESS = Recent(8)  # the last few decision lists applied, a few meshes' answers each, by analysis identity
+_VARIANTS = 4  # answers kept per decision list (a mesh search meets one plan on meshes that cut it differently)
 
 
 def _facts(nda: NDA) -> _Facts:
@@ -128,24 +129,27 @@ def materialize(
 ) -> FactorSharding:
     """Apply decisions in order (see the module docstring); deterministic.
 
-    The sizes of the mesh's axes only ever stop a claim, where a factor
-    would not divide. Where none did, the same decisions on another mesh
-    whose sizes divide every I-class by the devices it took here claim the
-    same at every step (a product that divides a size makes each of its
-    prefixes divide it): that answer is kept for the last few decision
-    lists and read there (a mesh search meets one plan on a hundred meshes)."""
+    The sizes of the mesh's axes only ever decide a claim where a factor
+    would not divide. The same decisions on another mesh make every claim
+    the same way, so claim the same, where its sizes divide every I-class
+    by the devices it took here (a product that divides a size makes each
+    of its prefixes divide it) and still refuse each claim refused here for
+    a size that did not divide: the last few answers are kept per decision
+    list and read there (a mesh search meets one plan on hundreds of
+    meshes, and at 2,520 devices nearly every mesh refuses some claim)."""
     resolutions = dict(resolutions or {})
     replicated = tuple(replicated)
     key = (tuple(decisions), tuple(sorted(resolutions.items())), replicated)
-    known = _SIZELESS.find((nda,), key)
-    if known is not None:
+    known: tuple[_Claimed, ...] = _SIZELESS.find((nda,), key) or ()
+    if known:
         for decision in decisions:
             mesh.size(decision.axis)  # an axis the mesh lacks is an error, as applying the decision would raise
-        if known.divides(_facts(nda), mesh):
-            return FactorSharding(mesh, known.axes)
+        facts = _facts(nda)
+        for claimed in known:
+            if claimed.holds(facts, mesh):
+                return FactorSharding(mesh, claimed.axes)
     claimed = _Claimed.of(nda, mesh, decisions, resolutions, replicated)
-    if not claimed.cut_short:
-        _SIZELESS.put((nda,), key, claimed)
+    _SIZELESS.put((nda,), key, (claimed, *known[:_VARIANTS - 1]))
     return FactorSharding(mesh, claimed.axes)
 
 
@@ -156,7 +160,8 @@ class _Claimed:
 
     axes: tuple[tuple[str, ...], ...]
     groups: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
-    cut_short: bool  # some claim was refused for a size that did not divide
+    # The claims refused for a size that did not divide: (I-class, the axes it had then, the axis refused).
+    refused: tuple[tuple[int, tuple[str, ...], str], ...]
 
     @staticmethod
     def of(nda: NDA, mesh: Mesh, decisions: Sequence[Decision], resolutions: Mapping[int, int],
@@ -185,16 +190,18 @@ class _Claimed:
             members.append(k)
             axes[k] = key if len(members) == 1 else axes[members[0]]
         return _Claimed(tuple(axes), tuple((key, tuple(members)) for key, members in shared.items()),
-                        state.cut_short)
+                        tuple(state.refused))
 
-    def divides(self, facts: _Facts, mesh: Mesh) -> bool:
-        """Every I-class's size divides by the devices its axes split it over on `mesh`."""
+    def holds(self, facts: _Facts, mesh: Mesh) -> bool:
+        """Whether the decisions claim the same on `mesh` (`materialize`):
+        every I-class's size divides by the devices its axes split it over
+        there, and every claim refused for its size is refused there too."""
         sizes = facts.sizes
         for key, members in self.groups:
             devices = mesh.group_size(key)
             if devices > 1 and any(sizes[k] % devices for k in members):
                 return False
-        return True
+        return all(sizes[k] % (mesh.group_size(had) * mesh.size(axis)) for k, had, axis in self.refused)
 
 
 class _Claims:
@@ -210,7 +217,7 @@ class _Claims:
         self.axes: dict[int, list[str]] = {}
         self.split = [1] * len(nda.iclasses)
         self.used: dict[str, set[int]] = {}
-        self.cut_short = False  # a claim was refused for a size that did not divide
+        self.refused: list[tuple[int, tuple[str, ...], str]] = []  # claims refused for a size (`_Claimed`)
 
     def on(self, axis: str, size: int) -> Callable[[int], bool]:
         """Shard an I-class along `axis` (of `size` devices) if the rules allow it."""
@@ -222,7 +229,7 @@ class _Claims:
             if k in stopped or (k, axis) in blocked or owners[k] in on_axis:
                 return False
             if sizes[k] % (split[k] * size):
-                self.cut_short = True
+                self.refused.append((k, tuple(axes.get(k, ())), axis))
                 return False
             axes.setdefault(k, []).append(axis)
             split[k] *= size

@@ -462,20 +462,23 @@ def test_repeated_layers_replay_their_lowering(strategy):
 
 
 @pytest.mark.parametrize("name", RANDOM_MODELS)
-def test_a_plan_materialized_on_one_mesh_is_read_on_another_only_where_it_divides(name):
-    # The same decisions on meshes of other sizes (the mesh screen's case): where no claim was refused
-    # for its size, the answer is kept and read on a mesh that divides what it took; every answer is
-    # the one applying the decisions on that mesh gives.
+def test_a_plan_materialized_on_one_mesh_is_read_on_another_only_where_it_claims_the_same(name):
+    # The same decisions on meshes of other sizes (the mesh screen's case): an answer is kept and read
+    # on a mesh that divides what it took and refuses again each claim refused for its size; every
+    # answer is the one applying the decisions on that mesh gives.
     nda = nda_of(random_model(name))
-    meshes = [Mesh.of(a=a, b=b) for a, b in ((2, 2), (2, 3), (3, 2), (4, 2), (2, 6), (1, 2))]
-    read = 0
+    meshes = [Mesh.of(a=a, b=b) for a, b in ((2, 2), (2, 3), (3, 2), (4, 2), (2, 6), (1, 2), (3, 3), (2, 9))]
+    read = read_refusing = 0
     for seed in range(SEEDS_PER_MODEL):
         p = random_plan(seed, name)
         got = [materialize(nda, mesh, p.decisions, p.resolutions) for mesh in meshes]
-        for mesh, sharding in zip(meshes, got):
-            assert sharding.axes == _Claimed.of(nda, mesh, p.decisions, p.resolutions, ()).axes, (seed, mesh)
-        read += sum(g.axes is got[0].axes for g in got[1:])
-    assert read  # some meshes read the first mesh's answer
+        for k, (mesh, sharding) in enumerate(zip(meshes, got)):
+            fresh = _Claimed.of(nda, mesh, p.decisions, p.resolutions, ())
+            assert sharding.axes == fresh.axes, (seed, mesh)
+            earlier = [g for g in got[:k] if g.axes is sharding.axes]
+            read += bool(earlier)
+            read_refusing += bool(earlier and fresh.refused)
+    assert read and read_refusing  # some meshes read an earlier mesh's answer, some one that refused a claim
     with pytest.raises(IRError, match="unknown mesh axis"):
         materialize(nda, Mesh.of(a=2), p.decisions + (Decision("b", 0),), p.resolutions)
 
