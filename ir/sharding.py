@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -155,11 +156,12 @@ def materialize(
 
 @dataclass(frozen=True, slots=True)
 class _Claimed:
-    """Decisions applied: each I-class's axes, and the I-classes of each
-    distinct sharded assignment (`divides` checks them by the group)."""
+    """Decisions applied: each I-class's axes, and per distinct sharded
+    assignment the greatest common divisor of its I-classes' sizes (what
+    `holds` checks another mesh's devices against)."""
 
     axes: tuple[tuple[str, ...], ...]
-    groups: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
+    groups: tuple[tuple[tuple[str, ...], int], ...]
     # The claims refused for a size that did not divide: (I-class, the axes it had then, the axis refused).
     refused: tuple[tuple[int, tuple[str, ...], str], ...]
 
@@ -189,18 +191,17 @@ class _Claimed:
             members = shared.setdefault(key, [])
             members.append(k)
             axes[k] = key if len(members) == 1 else axes[members[0]]
-        return _Claimed(tuple(axes), tuple((key, tuple(members)) for key, members in shared.items()),
-                        tuple(state.refused))
+        sizes = state.sizes
+        return _Claimed(tuple(axes), tuple((key, math.gcd(*(sizes[k] for k in members)))
+                                           for key, members in shared.items()), tuple(state.refused))
 
     def holds(self, facts: _Facts, mesh: Mesh) -> bool:
         """Whether the decisions claim the same on `mesh` (`materialize`):
         every I-class's size divides by the devices its axes split it over
         there, and every claim refused for its size is refused there too."""
+        if any(common % mesh.group_size(key) for key, common in self.groups):
+            return False
         sizes = facts.sizes
-        for key, members in self.groups:
-            devices = mesh.group_size(key)
-            if devices > 1 and any(sizes[k] % devices for k in members):
-                return False
         return all(sizes[k] % (mesh.group_size(had) * mesh.size(axis)) for k, had, axis in self.refused)
 
 
