@@ -145,9 +145,8 @@ def materialize(
     if known:
         for decision in decisions:
             mesh.size(decision.axis)  # an axis the mesh lacks is an error, as applying the decision would raise
-        facts = _facts(nda)
         for claimed in known:
-            if claimed.holds(facts, mesh):
+            if claimed.holds(mesh):
                 return FactorSharding(mesh, claimed.axes)
     claimed = _Claimed.of(nda, mesh, decisions, resolutions, replicated)
     _SIZELESS.put((nda,), key, (claimed, *known[:_VARIANTS - 1]))
@@ -162,7 +161,7 @@ class _Claimed:
 
     axes: tuple[tuple[str, ...], ...]
     groups: tuple[tuple[tuple[str, ...], int], ...]
-    # The claims refused for a size that did not divide: (I-class, the axes it had then, the axis refused).
+    # The claims refused for a size that did not divide: (its size, the axes it had then, the axis refused).
     refused: tuple[tuple[int, tuple[str, ...], str], ...]
 
     @staticmethod
@@ -195,14 +194,13 @@ class _Claimed:
         return _Claimed(tuple(axes), tuple((key, math.gcd(*(sizes[k] for k in members)))
                                            for key, members in shared.items()), tuple(state.refused))
 
-    def holds(self, facts: _Facts, mesh: Mesh) -> bool:
+    def holds(self, mesh: Mesh) -> bool:
         """Whether the decisions claim the same on `mesh` (`materialize`):
         every I-class's size divides by the devices its axes split it over
         there, and every claim refused for its size is refused there too."""
         if any(common % mesh.group_size(key) for key, common in self.groups):
             return False
-        sizes = facts.sizes
-        return all(sizes[k] % (mesh.group_size(had) * mesh.size(axis)) for k, had, axis in self.refused)
+        return all(size % (mesh.group_size(had) * mesh.size(axis)) for size, had, axis in self.refused)
 
 
 class _Claims:
@@ -230,7 +228,7 @@ class _Claims:
             if k in stopped or (k, axis) in blocked or owners[k] in on_axis:
                 return False
             if sizes[k] % (split[k] * size):
-                self.refused.append((k, tuple(axes.get(k, ())), axis))
+                self.refused.append((sizes[k], tuple(axes.get(k, ())), axis))
                 return False
             axes.setdefault(k, []).append(axis)
             split[k] *= size

@@ -475,9 +475,9 @@ def test_a_plan_materialized_on_one_mesh_is_read_on_another_only_where_it_claims
         for k, (mesh, sharding) in enumerate(zip(meshes, got)):
             fresh = _Claimed.of(nda, mesh, p.decisions, p.resolutions, ())
             assert sharding.axes == fresh.axes, (seed, mesh)
-            earlier = [g for g in got[:k] if g.axes is sharding.axes]
-            read += bool(earlier)
-            read_refusing += bool(earlier and fresh.refused)
+            earlier = any(g.axes is sharding.axes for g in got[:k])
+            read += earlier
+            read_refusing += earlier and bool(fresh.refused)
     assert read and read_refusing  # some meshes read an earlier mesh's answer, some one that refused a claim
     with pytest.raises(IRError, match="unknown mesh axis"):
         materialize(nda, Mesh.of(a=2), p.decisions + (Decision("b", 0),), p.resolutions)
