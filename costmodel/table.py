@@ -60,6 +60,7 @@ from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 # Combined integer keys must stay below this (int64, with room to spare).
 _KEY_LIMIT = 1 << 62
 _INDEXES = Recent(2)  # per (program, analysis): `CostTable._program_index`
+_CODES = Recent(8)  # per tuple of I-class axes and the mesh's axis tuples: `CostTable.codes`
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,10 +284,16 @@ class CostTable:
     # ------------------------------------------------------------ plans
 
     def codes(self, sharding: FactorSharding) -> np.ndarray:
-        """A factor sharding as codes, one per I-class."""
+        """A factor sharding as codes, one per I-class. A code names a tuple
+        of the mesh's axes, whatever their sizes, and `ir.sharding.materialize`
+        answers one plan on many meshes with the same tuple of axes: the
+        codes are kept per that tuple and the axis names (a mesh screen
+        bounds one plan on hundreds of meshes; 100,000 I-classes at scale)."""
         if sharding.mesh != self.mesh:
             raise IRError(f"the sharding is over {sharding.mesh}, the table over {self.mesh}")
-        return np.fromiter(map(self.code_of.__getitem__, sharding.axes), dtype=np.int64, count=len(sharding.axes))
+        codes = _CODES.get((sharding.axes,), self.mesh.names, lambda: np.fromiter(
+            map(self.code_of.__getitem__, sharding.axes), dtype=np.int64, count=len(sharding.axes)))
+        return codes.copy()
 
     def sharding(self, codes: np.ndarray) -> FactorSharding:
         return FactorSharding(self.mesh, tuple(self.axis_tuples[c] for c in codes))

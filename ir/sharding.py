@@ -108,7 +108,7 @@ class _Facts:
 
 _FACTS = Recent(4)
 _SIZELESS = Recent(8)  # the last few decision lists applied, a few meshes' answers each, by analysis identity
-_VARIANTS = 4  # answers kept per decision list (a mesh search meets one plan on meshes that cut it differently)
+_VARIANTS = 16  # answers kept per decision list (a mesh search meets one plan on meshes that cut it differently)
 
 
 def _facts(nda: NDA) -> _Facts:
