@@ -166,6 +166,25 @@ def test_codes_round_trip_and_shape_is_checked():
         table.evaluate(np.zeros(3, dtype=np.int64))
 
 
+def test_codes_kept_for_an_answer_read_on_other_meshes_are_each_meshs_own():
+    # `materialize` answers a plan on many meshes with one tuple of axes, and the table keeps its codes
+    # per that tuple and the mesh's axis names: the same codes on a mesh of other sizes, other codes where
+    # the names (so the numbering of axis tuples) differ, and a caller's changes never reach the kept ones.
+    model = MODELS["transformer-train"]()
+    nda = analyze(model.function, model.params)
+    decisions = [Decision("model", 0), Decision("batch", 1)]
+    meshes = [Mesh.of(batch=2, model=2), Mesh.of(batch=2, model=4), Mesh.of(model=2, batch=2)]
+    shardings = [materialize(nda, mesh, decisions) for mesh in meshes]
+    assert shardings[0].axes is shardings[1].axes is shardings[2].axes
+    tables = [CostTable(model.function, nda, mesh, hardware_for(mesh)) for mesh in meshes]
+    for table, sharding in zip(tables, shardings):
+        fresh = np.array([table.code_of[axes] for axes in sharding.axes], dtype=np.int64)
+        codes = table.codes(sharding)
+        assert np.array_equal(codes, fresh) and table.sharding(codes) == sharding
+        codes[:] = 0
+    assert not np.array_equal(tables[0].codes(shardings[0]), tables[2].codes(shardings[2]))
+
+
 def test_table_rejects_a_foreign_nda():
     a, b = build("mlp"), build("mlp")
     mesh = MESHES["2x2"]
