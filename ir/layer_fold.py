@@ -25,10 +25,21 @@ with `count` layers per stage under the same plan:
 A layer adds the same ops to every copy, so a figure of the step (a
 task's time, a memory term, a count) is affine in the layers per stage
 once the copies are past the boundary layers. Three copies (3, 4 and 5
-layers a stage) are priced and the figure taken on to the step's depth
-by their difference, where both differences agree (`extend`); where they
-do not, the caller prices the whole step. A peak is a most over places,
-extended place by place (`Shallow.place`, `solver.planning.shallow`).
+layers a stage; 4, 5 and 6 where every stage has more than 15) are priced
+and the figure taken on to the step's depth by their difference, where
+both differences agree (`extend`); where they do not, the caller prices
+the whole step. A copy of 3 layers a stage has one inner layer, and the
+first layers a backward passes can differ from the next: under GPT
+145.6B's searched plans (ZeRO with gathered K/V) a stage's backward held
+more at one place of its inner layers than a line through 3, 4 and 5
+layers gives, so 8 of the 19 shallow prices of its mesh search were not
+affine and lowered the folded pipeline after the copies; copies of 4, 5
+and 6 layers priced every one of them. A figure affine from 3 layers is
+affine from 4, so deeper copies only cost their extra layer, and
+shallower stages keep the cheaper ones: the pipelines that search priced
+(from copies or folded, one process) took 73 -> 64 s, 310.1B's 46 -> 43
+s, for the same answers. A peak is a most over places, extended place by
+place (`Shallow.place`, `solver.planning.shallow`).
 tests/test_layer_fold.py checks the extended prices against the whole
 step's.
 """
@@ -49,6 +60,7 @@ from ir.remat import layer_count
 from ir.sharding import FactorSharding
 
 COUNTS = (3, 4, 5)  # layers per stage of the three shallow copies
+DEEP_COUNTS = (4, 5, 6)  # where every stage has more layers than these together (module docstring)
 _TWINS = Recent(4)  # the last few plans' layer classes, by program identity and sharding
 _PLACES = Recent(2)  # the places of the last few programs' ops (`_places`), by program identity
 
@@ -84,10 +96,11 @@ class Shallow:
 
 
 def shallow_steps(model: Model, nda: NDA, sharding: FactorSharding, stages: int = 1,
-                  options: LowerOptions | None = None, counts: Sequence[int] = COUNTS) -> list[Shallow] | None:
-    """The step's shallow copies of `counts` layers per stage (module
-    docstring), or None where it cannot be priced so: a stage of no more
-    layers than the copies' together (the whole step is then as cheap),
+                  options: LowerOptions | None = None, counts: Sequence[int] | None = None) -> list[Shallow] | None:
+    """The step's shallow copies of `counts` layers per stage (default:
+    `DEEP_COUNTS` where every stage has more layers than they keep, else
+    `COUNTS`; module docstring), or None where it cannot be priced so: a
+    stage of no more layers than the copies' together (the whole step is then as cheap),
     inner layers that differ, a read with no stand-in, or a value that would
     cross a left-out layer with a pending partial sum. Of four stages or
     more, a copy keeps the first, the second and the last: the inner stages
@@ -97,6 +110,8 @@ def shallow_steps(model: Model, nda: NDA, sharding: FactorSharding, stages: int 
     layers = layer_count(fn, model.forward_ops)
     per_stage = layer_stages(range(layers), stages) if layers >= stages else {}
     sizes = [sum(1 for s in per_stage.values() if s == stage) for stage in range(stages)]
+    if counts is None:
+        counts = DEEP_COUNTS if min(sizes, default=0) > sum(DEEP_COUNTS) else COUNTS
     if layers < 3 or min(sizes, default=0) <= sum(counts):
         return None
     layout = stage_layout(model, layers)  # each layer a stage of its own
@@ -225,4 +240,4 @@ def extend(points: Sequence[tuple[float, float]], at: float, relative: float = 1
     return y2 + (at - x2) / (x2 - x1) * step
 
 
-__all__ = ["COUNTS", "Shallow", "extend", "shallow_steps"]
+__all__ = ["COUNTS", "DEEP_COUNTS", "Shallow", "extend", "shallow_steps"]

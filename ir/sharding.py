@@ -108,7 +108,9 @@ class _Facts:
 
 _FACTS = Recent(4)
 _SIZELESS = Recent(8)  # the last few decision lists applied, a few meshes' answers each, by analysis identity
-_VARIANTS = 16  # answers kept per decision list (a mesh search meets one plan on meshes that cut it differently)
+# Answers kept per decision list: a mesh search meets one plan on meshes that cut it differently (GPT 310.1B's
+# screen: six ways for the published split; with 4 kept, 127 plans were materialized afresh in its run, with 16, 73).
+_VARIANTS = 16
 
 
 def _facts(nda: NDA) -> _Facts:

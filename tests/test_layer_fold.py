@@ -54,10 +54,10 @@ def test_a_step_from_shallow_copies_costs_the_whole_step(schedule, tied):
 
 
 # One stage (K = 1 and accumulation), two (equal and unequal stages), four and six (a copy folds its
-# inner stages to one; 80 over 6: stages of 13 and 14 layers).
+# inner stages to one; 80 over 6: stages of 13 and 14 layers); two of 17 layers (copies of 4, 5 and 6).
 @pytest.mark.parametrize("layers, stages, k, schedule", [
     (14, 1, 1, "BP+MP+R"), (14, 1, 4, "BP"), (14, 1, 4, "BP+MP+R"), (26, 2, 4, "BP"), (29, 2, 2, "BP+MP+R"),
-    (54, 4, 4, "BP+MP+R"), (80, 6, 2, "BP")])
+    (54, 4, 4, "BP+MP+R"), (80, 6, 2, "BP"), (34, 2, 2, "ZeRO")])
 def test_a_pipelined_step_from_shallow_copies_costs_the_whole_pipeline(layers, stages, k, schedule, monkeypatch):
     # Not made whole: the test prices the pipeline itself, from the copies and from its stages.
     planned = plan_spec(_spec(layers, stages, k), "none", schedule=schedule, whole=False)
@@ -79,6 +79,20 @@ def test_a_pipelined_step_from_shallow_copies_costs_the_whole_pipeline(layers, s
     assert priced.transfer_s == pytest.approx(whole.transfer_s, rel=1e-12)
     assert priced.task_s == pytest.approx(dict(whole.task_s), rel=1e-9)
     assert priced.fits == whole.fits
+
+
+def test_stages_of_more_than_fifteen_layers_are_priced_from_copies_of_four_five_and_six():
+    # One more inner layer than copies of 3, 4 and 5 keep (`ir.layer_fold`: the first layers a backward
+    # passes can differ from the next), and still the whole step's figures.
+    planned = plan_spec(_spec(16), "none", schedule="ZeRO")
+    hardware = planned.spec.hardware_obj()
+    sharding = planned.plan.materialize(planned.nda)
+    assert [c.kept for c in shallow_steps(planned.model, planned.nda, sharding)] == [4, 5, 6]
+    whole = evaluate(lower(planned.model.function, planned.nda, sharding, LowerOptions()).function, hardware)
+    priced = shallow_step_cost(planned.model, planned.nda, sharding, hardware)
+    assert priced is not None and priced.step_time_s == pytest.approx(whole.step_time_s, rel=1e-9)
+    assert (priced.peak_memory_bytes, priced.flops) == (whole.peak_memory_bytes, whole.flops)
+    assert dict(priced.collective_counts) == dict(whole.collective_counts)
 
 
 def test_a_layer_sharded_its_own_way_is_priced_whole():
