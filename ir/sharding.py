@@ -163,8 +163,9 @@ class _Claimed:
 
     axes: tuple[tuple[str, ...], ...]
     groups: tuple[tuple[tuple[str, ...], int], ...]
-    # The claims refused for a size that did not divide: (its size, the axes it had then, the axis refused).
-    refused: tuple[tuple[int, tuple[str, ...], str], ...]
+    # The claims refused for a size that did not divide, each distinct one once: (its size, the axes it would
+    # have split over: those it had, then the axis refused). Repeated layers refuse alike: a few distinct.
+    refused: tuple[tuple[int, tuple[str, ...]], ...]
 
     @staticmethod
     def of(nda: NDA, mesh: Mesh, decisions: Sequence[Decision], resolutions: Mapping[int, int],
@@ -194,15 +195,23 @@ class _Claimed:
             axes[k] = key if len(members) == 1 else axes[members[0]]
         sizes = state.sizes
         return _Claimed(tuple(axes), tuple((key, math.gcd(*(sizes[k] for k in members)))
-                                           for key, members in shared.items()), tuple(state.refused))
+                                           for key, members in shared.items()), tuple(dict.fromkeys(state.refused)))
 
     def holds(self, mesh: Mesh) -> bool:
         """Whether the decisions claim the same on `mesh` (`materialize`):
         every I-class's size divides by the devices its axes split it over
         there, and every claim refused for its size is refused there too."""
-        if any(common % mesh.group_size(key) for key, common in self.groups):
+        devices: dict[tuple[str, ...], int] = {}  # each tuple of axes' devices, once (a check is one number)
+
+        def split(axes: tuple[str, ...]) -> int:
+            n = devices.get(axes)
+            if n is None:
+                n = devices[axes] = mesh.group_size(axes)
+            return n
+
+        if any(common % split(key) for key, common in self.groups):
             return False
-        return all(size % (mesh.group_size(had) * mesh.size(axis)) for size, had, axis in self.refused)
+        return all(size % split(axes) for size, axes in self.refused)
 
 
 class _Claims:
@@ -218,7 +227,7 @@ class _Claims:
         self.axes: dict[int, list[str]] = {}
         self.split = [1] * len(nda.iclasses)
         self.used: dict[str, set[int]] = {}
-        self.refused: list[tuple[int, tuple[str, ...], str]] = []  # claims refused for a size (`_Claimed`)
+        self.refused: list[tuple[int, tuple[str, ...]]] = []  # claims refused for a size (`_Claimed`)
 
     def on(self, axis: str, size: int) -> Callable[[int], bool]:
         """Shard an I-class along `axis` (of `size` devices) if the rules allow it."""
@@ -230,7 +239,7 @@ class _Claims:
             if k in stopped or (k, axis) in blocked or owners[k] in on_axis:
                 return False
             if sizes[k] % (split[k] * size):
-                self.refused.append((sizes[k], tuple(axes.get(k, ())), axis))
+                self.refused.append((sizes[k], (*axes.get(k, ()), axis)))
                 return False
             axes.setdefault(k, []).append(axis)
             split[k] *= size
