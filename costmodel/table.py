@@ -60,7 +60,7 @@ from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 # Combined integer keys must stay below this (int64, with room to spare).
 _KEY_LIMIT = 1 << 62
 _INDEXES = Recent(2)  # per (program, analysis): `CostTable._program_index`
-_CODES = Recent(8)  # per tuple of I-class axes and the mesh's axis tuples: `CostTable.codes`
+_CODES = Recent(8)  # per tuple of I-class axes and the mesh's axis names: `CostTable.codes`
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,12 +100,12 @@ def shallow_steps(model: Model, nda: NDA, sharding: FactorSharding, stages: int 
     """The step's shallow copies of `counts` layers per stage (default:
     `DEEP_COUNTS` where every stage has more layers than they keep, else
     `COUNTS`; module docstring), or None where it cannot be priced so: a
-    stage of no more layers than the copies' together (the whole step is then as cheap),
-    inner layers that differ, a read with no stand-in, or a value that would
-    cross a left-out layer with a pending partial sum. Of four stages or
-    more, a copy keeps the first, the second and the last: the inner stages
-    of a copy are equal whatever their layers in the step (`ir.pipeline_fold`
-    folds stages so)."""
+    stage of no more layers than the copies' together (the whole step is
+    then as cheap), inner layers that differ, a read with no stand-in, or a
+    value that would cross a left-out layer with a pending partial sum. Of
+    four stages or more, a copy keeps the first, the second and the last:
+    the inner stages of a copy are equal whatever their layers in the step
+    (`ir.pipeline_fold` folds stages so)."""
     fn = model.function
     layers = layer_count(fn, model.forward_ops)
     per_stage = layer_stages(range(layers), stages) if layers >= stages else {}

@@ -2,10 +2,10 @@
 
 A figure of the step is affine in its layers once past the boundary
 layers; the copies' figures, 3, 4 and 5 layers a stage deep (4, 5 and 6
-where the stages are deep enough), are taken on
-to the step's depth where their steps agree (`ir.layer_fold.extend`). Every
-figure a price reports is extended so, or none is: then the caller prices
-the whole step, as it would without the copies.
+where the stages are deep enough), are taken on to the step's depth where
+their steps agree (`ir.layer_fold.extend`). Every figure a price reports
+is extended so, or none is: then the caller prices the whole step, as it
+would without the copies.
 
 A peak is the most over the step's places, and which place holds it can
 change with the depth (in small layers the logits outweigh three layers'
