@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,7 @@ from ir.sharding import DimAxes, FactorSharding, axis_tuples, local_type
 _KEY_LIMIT = 1 << 62
 _INDEXES = Recent(2)  # per (program, analysis): `CostTable._program_index`
 _CODES = Recent(8)  # per tuple of I-class axes and the mesh's axis names: `CostTable.codes`
+_BATCH_OPS = Recent(2)  # per (program, analysis) and batch inputs: `CostTable.batch_ops`
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +217,24 @@ class CostTable:
         the rest (the update, after the sums) once. A use of what is the same
         in every microbatch (a weight) is resharded again each time its op
         runs; a microbatch's own values are K times smaller, K times: once."""
+        over_batch, varying = self.batch_ops(inputs)
+        first = self.num_params
+        per_op = np.ones(len(self.fn.ops), dtype=np.int64)
+        for i in reversed(range(len(self.fn.ops))):
+            readers = self.users[first + i]
+            if over_batch[i]:
+                per_op[i] = microbatches
+            elif not varying[first + i] and readers:
+                per_op[i] = per_op[readers[0]]
+        return np.where(varying[self.edge_vid], 1, per_op[self.edge_op])
+
+    def batch_ops(self, inputs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Per op, whether it is over the batch (a factor of the batch inputs'
+        color, kept or reduced: it runs once per microbatch); per value,
+        whether it varies with the batch inputs. Kept per program."""
+        return _BATCH_OPS.get((self.fn, self.nda), tuple(inputs), lambda: self._batch_ops(inputs))
+
+    def _batch_ops(self, inputs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         from ir.pipeline import microbatch_decision
 
         batch = microbatch_decision(self.nda, inputs).color
@@ -224,14 +243,9 @@ class CostTable:
         varying[[self.vid[self.fn.param(name)] for name in inputs]] = True
         for i, edges in enumerate(self.op_edges):
             varying[first + i] = varying[self.edge_vid[edges.start:edges.stop]].any()
-        per_op = np.ones(len(self.fn.ops), dtype=np.int64)
-        for i in reversed(range(len(self.fn.ops))):
-            readers = self.users[first + i]
-            if any(k >= 0 and self.nda.iclasses[k].color == batch for k in self.nda.op_factor_iclass[i]):
-                per_op[i] = microbatches
-            elif not varying[first + i] and readers:
-                per_op[i] = per_op[readers[0]]
-        return np.where(varying[self.edge_vid], 1, per_op[self.edge_op])
+        over_batch = np.array([any(k >= 0 and self.nda.iclasses[k].color == batch for k in factors)
+                               for factors in self.nda.op_factor_iclass], dtype=bool)
+        return over_batch, varying
 
     def _index_ops(self) -> None:
         fn, nda = self.fn, self.nda
@@ -365,8 +379,27 @@ class CostTable:
     def _compute(self, codes: np.ndarray, by_kind: Counter[str], fold: TableFold | None = None) -> int:
         """Add every op's roofline time to `by_kind`; return the flops per device.
         With `fold`, each orbit's first op counts for its orbit."""
-        base = len(self.axis_tuples)
         flops = 0
+        for _, size, inverse, terms in self._op_terms(codes, fold):
+            multiplicity = np.bincount(inverse, weights=size, minlength=len(terms)).astype(np.int64)
+            for (seconds, kind, op_flops), times in zip(terms, multiplicity):
+                by_kind[kind] += seconds * int(times)
+                flops += op_flops * int(times)
+        return flops
+
+    def op_seconds(self, codes: np.ndarray) -> np.ndarray:
+        """Each op's time alone under `codes` (with the sentinel), as `timed`
+        adds it; 0 for an op a kernel fuses (`FusedKernels.kernel_seconds`)."""
+        out = np.zeros(len(self.fn.ops))
+        for members, _, inverse, terms in self._op_terms(codes, None):
+            out[members] = np.array([seconds for seconds, _, _ in terms])[inverse]
+        return out
+
+    def _op_terms(self, codes: np.ndarray, fold: TableFold | None) -> Iterator[tuple]:
+        """Per group of ops alone (or orbits, with `fold`): its ops, their
+        weights (None: one each), each op's term's index and the distinct
+        terms (time, kind, flops), each priced once and memoized."""
+        base = len(self.axis_tuples)
         groups = fold.op_groups if fold is not None else [(*group, None) for group in self.op_groups]
         for count, members, factors, size in groups:
             local = codes[factors]
@@ -379,16 +412,14 @@ class CostTable:
                 rows = np.column_stack([self.op_signature[members], local])
                 uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
                 uniq = [tuple(r) for r in uniq]
-            multiplicity = np.bincount(inverse.reshape(-1), weights=size, minlength=len(first)).astype(np.int64)
-            for key, rep, times in zip(uniq, first, multiplicity):
+            terms = []
+            for key, rep in zip(uniq, first):
                 memo_key = (count, key if isinstance(key, tuple) else int(key))
                 term = self._op_memo.get(memo_key)
                 if term is None:
                     term = self._op_memo[memo_key] = self.price_op(int(members[rep]), codes)
-                seconds, kind, op_flops = term
-                by_kind[kind] += seconds * int(times)
-                flops += op_flops * int(times)
-        return flops
+                terms.append(term)
+            yield members, size, inverse.reshape(-1), terms
 
     def _dims(self, row: np.ndarray, rank: int, codes: np.ndarray) -> DimAxes:
         return tuple(map(self.axis_tuples.__getitem__, codes[row[:rank]].tolist()))

@@ -169,16 +169,7 @@ class FusedKernels:
         priced from one member, and `cut_edges` are the use orbits' first uses."""
         if not self.kernels:
             return 0, 0, 0
-        if fold is None:
-            is_cut = np.zeros(len(self.t.edge_op_of), dtype=bool)
-            is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
-            link_cut = is_cut[self.link_edges]
-        else:  # a use is cut where its orbit's first use is
-            is_cut = np.zeros(len(fold.edges), dtype=bool)
-            is_cut[fold.edge_orbit[cut_edges]] = True
-            link_cut = is_cut[fold.link_orbit]
-        cut_links = np.unique(self.link_ids[link_cut])
-        cut, first_link, links_cut = np.unique(self.link_kernel[cut_links], return_index=True, return_counts=True)
+        cut_links, cut, first_link, links_cut = self._cut(cut_edges, fold)
         if fold is None:
             keep = np.ones(len(self.kernels), dtype=bool)
             keep[cut] = False
@@ -205,6 +196,44 @@ class FusedKernels:
                                              by_kind, fold)
             flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
         return flops, kernels, fused_ops
+
+    def _cut(self, cut_edges: np.ndarray, fold: Any = None) -> tuple[np.ndarray, ...]:
+        """The links the collectives on `cut_edges` break; the kernels they cut
+        (ascending), each one's first among those links and how many."""
+        if fold is None:
+            is_cut = np.zeros(len(self.t.edge_op_of), dtype=bool)
+            is_cut[cut_edges] = True  # the uses with collectives in front: their values leave the kernel
+            link_cut = is_cut[self.link_edges]
+        else:  # a use is cut where its orbit's first use is
+            is_cut = np.zeros(len(fold.edges), dtype=bool)
+            is_cut[fold.edge_orbit[cut_edges]] = True
+            link_cut = is_cut[fold.link_orbit]
+        cut_links = np.unique(self.link_ids[link_cut])
+        cut, first_link, links_cut = np.unique(self.link_kernel[cut_links], return_index=True, return_counts=True)
+        return cut_links, cut, first_link, links_cut
+
+    def kernel_seconds(self, codes: np.ndarray, cut_edges: np.ndarray) -> np.ndarray:
+        """Each kernel's time under `codes` (with the sentinel), a cut one's
+        pieces together, as `evaluate` (without a fold) adds them: from its
+        memoized terms where it has priced them."""
+        out = np.zeros(len(self.kernels))
+        if not self.kernels:
+            return out
+        cut_links, cut, first_link, links_cut = self._cut(cut_edges)
+        keep = np.ones(len(self.kernels), dtype=bool)
+        keep[cut] = False
+        reps = np.flatnonzero(keep)
+        _, first, inverse = np.unique(self.row_ids(codes)[reps], return_index=True, return_inverse=True)
+        priced = []
+        for k in reps[first].tolist():
+            row = codes[self.iclass_list[k]].tolist()
+            priced.append(self._price(k, (int(self.signatures[k]), *row), (), codes)[0])
+        out[reps] = np.array(priced)[inverse.reshape(-1)]
+        positions = self.link_position[cut_links]
+        for c, k in enumerate(cut.tolist()):
+            broken = tuple(positions[first_link[c]: first_link[c] + links_cut[c]].tolist())
+            out[k] = sum(self._cut_term(k, broken, codes)[1])
+        return out
 
     def pack(self, kernels: Sequence[int]) -> _Packing:
         """The I-classes of `kernels` flat, in chunks of columns whose

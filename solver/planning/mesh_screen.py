@@ -43,7 +43,11 @@ plus its collectives, so at least the stages' work over the stages; that
 work is at least the whole step's, the whole batch at once on one stage's
 devices, as the cost table prices it (a microbatch repeats the weights'
 reads, its collectives' latencies and reshardings; a stage cuts kernels
-and adds the sums and the transfers). Without a pipeline or microbatches
+and adds the sums and the transfers). With stages, the same holds stage
+by stage, and a device waits for the first microbatch's forward on the
+stages before it and, after its last backward, for that backward's way
+back (`costmodel.table_stages`): 80 layers over 64 stages put 2 on 16 of
+them, and the step waits for those. Without a pipeline or microbatches
 the bound is the screened price itself.
 """
 
@@ -55,10 +59,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from costmodel.evaluate import evaluate
-from costmodel.table import CostTable
-from ir.core import IRError
+from costmodel.table import CostTable, TimedPlan
+from costmodel.table_stages import pipeline_lower_bound, stage_seconds
+from ir.core import IRError, Recent
 from ir.lower import LoweringError, LowerOptions, lower
+from ir.pipeline import value_stages
 from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
@@ -242,11 +250,32 @@ def screen_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Pla
             if remat not in tables:
                 tables[remat] = CostTable(program.model.function, program.nda, mesh, hardware)
             # Its time alone: the peak memory's replay, a third of an evaluation, says nothing of it.
-            step_s = tables[remat].timed(plan.materialize(program.nda)).step_time_s
+            timed = tables[remat].timed(plan.materialize(program.nda))
+            bound_s = timed.step_time_s / spec.stages
+            if spec.stages > 1:  # the busiest device, after the first microbatch reaches it
+                bound_s = max(bound_s, _stages_bound(spec, program, plan, tables[remat], timed))
         except (IRError, LoweringError, NotImplementedError):
             return 0.0
-        least = min(least, step_s / spec.stages)
+        least = min(least, bound_s)
     return least if least < math.inf else 0.0
+
+
+_VALUE_STAGES = Recent(4)  # per program and stages: each of its table's values' stage
+
+
+def _stages_bound(spec: Spec, program: Prepared, plan: Plan, table: CostTable, timed: TimedPlan) -> float:
+    """`costmodel.table_stages.pipeline_lower_bound` of the plan with the
+    microbatches the screen prices it with (`_price`)."""
+    model, stages = program.model, spec.stages * spec.chunks
+    def make() -> np.ndarray:
+        stage_of = value_stages(table.fn, model.forward_ops, dict(model.origins), stages)
+        return np.array([stage_of[v.name] for v in table.values], dtype=np.int64)
+
+    value_stage = _VALUE_STAGES.get((table.fn,), stages, make)
+    k = microbatch_counts(program.nda, model, plan, spec)[-1] if spec.microbatches_auto else spec.microbatch_count
+    over_batch, _ = table.batch_ops(model.inputs)
+    total, forward, backward = stage_seconds(table, timed, value_stage, model.forward_ops, over_batch)
+    return pipeline_lower_bound(total, forward, backward, k, spec.chunks)
 
 
 def _priced(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Plans,
