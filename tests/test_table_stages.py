@@ -106,3 +106,19 @@ def test_on_equal_stages_the_bound_is_1f1bs_step():
     ones = np.ones(stages)
     assert makespan == pytest.approx((k + stages - 1) * (f + b))
     assert pipeline_lower_bound(k * (f + b) * ones, k * f * ones, k * b * ones, k) == pytest.approx(makespan)
+
+
+def test_a_values_stage_is_its_layers_stage():
+    """The screen finds each value's stage on P stages from its stage with a
+    stage a layer (`mesh_screen._value_layers`, made once a program): the
+    same as `value_stages` on P stages, for every P."""
+    from solver.planning.mesh_screen import _value_layers
+
+    planned, _, _ = _sums(1, "Megatron")
+    model = planned.model
+    table = CostTable(model.function, planned.nda, planned.spec.sharding_mesh(), planned.spec.hardware_obj())
+    layers, value_layer = _value_layers(table, model)
+    assert layers == 5
+    for stages in range(1, layers + 1):
+        stage_of = value_stages(model.function, model.forward_ops, dict(model.origins), stages)
+        assert (value_layer * stages // layers).tolist() == [stage_of[v.name] for v in table.values]

@@ -66,7 +66,9 @@ from costmodel.table import CostTable, TimedPlan
 from costmodel.table_stages import pipeline_lower_bound, stage_seconds
 from ir.core import IRError, Recent
 from ir.lower import LoweringError, LowerOptions, lower
+from ir.models.base import Model
 from ir.pipeline import value_stages
+from ir.remat import layer_count
 from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
@@ -183,8 +185,10 @@ def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepa
     if bounded and forks(processes, len(jobs)):
         for program in built.values():  # its table's index, made here once, is shared by the processes
             try:
-                CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(),
-                          jobs[0].spec.hardware_obj())
+                table = CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(),
+                                  jobs[0].spec.hardware_obj())
+                if any(job.spec.stages > 1 for job in jobs):
+                    _value_layers(table, program.model)  # and its values' layers (`_stages_bound`)
             except (IRError, NotImplementedError):
                 continue  # no bound from this program (`screen_bound`)
 
@@ -260,22 +264,35 @@ def screen_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Pla
     return least if least < math.inf else 0.0
 
 
-_VALUE_STAGES = Recent(4)  # per program and stages: each of its table's values' stage
+_VALUE_LAYERS = Recent(2)  # per program: its layers, and each of its table's values' (`_value_layers`)
 
 
 def _stages_bound(spec: Spec, program: Prepared, plan: Plan, table: CostTable, timed: TimedPlan) -> float:
     """`costmodel.table_stages.pipeline_lower_bound` of the plan with the
     microbatches the screen prices it with (`_price`)."""
     model, stages = program.model, spec.stages * spec.chunks
-    def make() -> np.ndarray:
-        stage_of = value_stages(table.fn, model.forward_ops, dict(model.origins), stages)
-        return np.array([stage_of[v.name] for v in table.values], dtype=np.int64)
-
-    value_stage = _VALUE_STAGES.get((table.fn,), stages, make)
+    layers, value_layer = _value_layers(table, model)
+    value_stage = value_layer * stages // layers  # `ir.pipeline.layer_stages`: the n-th of L layers' stage
     k = microbatch_counts(program.nda, model, plan, spec)[-1] if spec.microbatches_auto else spec.microbatch_count
     over_batch, _ = table.batch_ops(model.inputs)
     total, forward, backward = stage_seconds(table, timed, value_stage, model.forward_ops, over_batch)
     return pipeline_lower_bound(total, forward, backward, k, spec.chunks)
+
+
+def _value_layers(table: CostTable, model: Model) -> tuple[int, np.ndarray]:
+    """The program's layers L, and each of the table's values' stage with a
+    stage a layer (`ir.pipeline.value_stages`): its stage on P stages is that
+    times P over L. Each value's stage is its layer's, or the most of its
+    operands' or the least of its readers', and the layers' stages only grow
+    along the layers; so the most and the least are taken as well before as
+    after. A thousand devices factor into pipelines of a dozen sizes, one
+    mesh after another: the values' stages are made once a program."""
+    def make() -> tuple[int, np.ndarray]:
+        layers = layer_count(table.fn, model.forward_ops)
+        layer_of = value_stages(table.fn, model.forward_ops, dict(model.origins), layers)
+        return layers, np.array([layer_of[v.name] for v in table.values], dtype=np.int64)
+
+    return _VALUE_LAYERS.get((table.fn,), None, make)
 
 
 def _priced(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Plans,
