@@ -82,10 +82,12 @@ def run_point(layers: int) -> dict:
 
 # The CLI in this process, its own peak RSS printed last on stderr (RUSAGE_CHILDREN would give the
 # largest child so far, not this one).
-_MEASURED = ("import resource, runpy, sys\nsys.argv = ['shardplan', *sys.argv[1:]]\ntry:\n"
-             "    runpy.run_module('solver.frontend.cli', run_name='__main__')\nfinally:\n"
-             "    print('peak-rss-kb', max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
-             "                             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), file=sys.stderr)")
+_MEASURED = ("import resource, sys\nfrom solver.frontend.cli import leave, main\ntry:\n"
+             "    code = main(sys.argv[1:])\nexcept SystemExit as exc:\n"
+             "    code = exc.code if isinstance(exc.code, int) else 1\n"
+             "print('peak-rss-kb', max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
+             "                         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), file=sys.stderr)\n"
+             "leave(code)")
 
 
 def run_command(spec: str, *flags: str, command: str = "plan") -> dict:
