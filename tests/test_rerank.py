@@ -125,21 +125,33 @@ def test_an_auto_tactic_sets_rerank(capsys, tmp_path):
     assert code == 1 and "rerank" in err
 
 
-def test_the_plans_a_pipeline_reranks_are_scored_alike_in_processes(monkeypatch):
-    # `--jobs 2`: once the optimum is scored (it chooses the count of microbatches the others run), the
-    # other plans are scored in forked processes. The scores and the plan are those of one process.
+@pytest.mark.parametrize("microbatches, shared", [(4, (4, 2)), ("auto", (3, 2))])
+def test_the_plans_a_pipeline_reranks_are_scored_alike_in_processes(monkeypatch, microbatches, shared):
+    # `--jobs 2`: the plans are scored in two processes, this one among them; under `microbatches: auto`
+    # the optimum first, here (it chooses the count the others run). The scores and the plan are those of
+    # one process.
     import solver.search.cpsat as cpsat
     from solver.planning.planner import SearchOverrides, plan_spec
-    from solver.planning.spec import load_spec
-    from solver.search.forked import forked_map
+    from solver.planning.spec import parse_spec
+    from solver.search.forked import Helpers
 
-    spec = load_spec(ROOT / "specs" / "transformer_pipeline.yaml")
+    text = (ROOT / "specs" / "transformer_pipeline.yaml").read_text()
+    if microbatches == "auto":
+        text = text.replace("pipeline: {microbatches: 4, schedule: 1f1b}",
+                            "microbatches: auto\npipeline: {schedule: 1f1b}")
+    spec = parse_spec(text, "transformer_pipeline.yaml")
+    assert spec.microbatches_auto == (microbatches == "auto")
     forked = []
-    monkeypatch.setattr(cpsat, "forked_map", lambda work, count, jobs: forked.append((count, jobs)) or
-                        forked_map(work, count, jobs))
+
+    class Recorded(Helpers):
+        def map(self, items):
+            forked.append((len(items), self.processes))
+            return super().map(items)
+
+    monkeypatch.setattr(cpsat, "Helpers", Recorded)
     answers = [plan_spec(spec, "cpsat", overrides=SearchOverrides(time_limit_s=20, jobs=jobs), floor=False)
                for jobs in (1, 2)]
-    assert forked == [(3, 2)]
+    assert forked == [shared]
     one, two = (a.search[-1] for a in answers)
     assert len(one.rerank_makespans_s) == 4 and None not in one.rerank_makespans_s
     assert two.rerank_makespans_s == one.rerank_makespans_s

@@ -77,7 +77,7 @@ from solver.planning.planner import Prepared
 from solver.planning.shallow import shallow_step_cost
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Pin, apply_schedule
-from solver.search.forked import forked_map, forks
+from solver.search.forked import Helpers, forked_map, forks
 from solver.search.report import SILENT, Progress
 
 
@@ -151,29 +151,27 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
     out: list[tuple[Screened, float] | None] = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=bounds.__getitem__)
     size = ROUND if keep else max(len(jobs), 1)  # without bounds, one round
-    for at in range(0, len(order), size):
-        fastest = sorted(best.values())
-        threshold = fastest[keep - 1] if keep and len(fastest) >= keep else math.inf
-        todo = []
-        for k in order[at: at + size]:
-            if bounds[k] * (1 - 1e-9) > threshold:  # its price could only rank after `keep` fitting ones
-                out[k] = (Screened(None, None, False, f"not priced: its plans take at least {bounds[k]:.4g} s",
-                                   bound_s=bounds[k]), spent[k])
-            else:
-                todo.append(k)
-
-        def work(n: int, todo: list[int] = todo) -> tuple[Screened, float]:
-            k = todo[n]
-            return _timed(jobs[k], built, options, plans[k], spent[k])
-
-        def done(n: int, todo: list[int] = todo, at: int = at) -> None:
-            progress.update(f"mesh screen: {mesh_shape(jobs[todo[n]].mesh)} ({at + n + 1} of {len(jobs)} meshes"
-                            + (f", {processes} processes)" if forks(processes, len(todo)) else ")"), force=True)
-
-        for k, (screened, seconds) in zip(todo, forked_map(work, len(todo), processes, done)):
-            out[k] = (screened, seconds)
-            if screened.fits and screened.step_time_s is not None:
-                best[jobs[k].mesh] = min(best.get(jobs[k].mesh, math.inf), screened.step_time_s)
+    # The processes are kept from round to round: what each made for the program (its layers' layout, the
+    # lowering's recipes) it keeps, where a process forked per round made it again each round.
+    with Helpers(lambda k: _timed(jobs[k], built, options, plans[k], spent[k]), processes) as helpers:
+        for at in range(0, len(order), size):
+            fastest = sorted(best.values())
+            threshold = fastest[keep - 1] if keep and len(fastest) >= keep else math.inf
+            todo = []
+            for k in order[at: at + size]:
+                if bounds[k] * (1 - 1e-9) > threshold:  # its price could only rank after `keep` fitting ones
+                    out[k] = (Screened(None, None, False, f"not priced: its plans take at least {bounds[k]:.4g} s",
+                                       bound_s=bounds[k]), spent[k])
+                else:
+                    todo.append(k)
+            if todo:
+                progress.update(f"mesh screen: {', '.join(mesh_shape(jobs[k].mesh) for k in todo)} ({at + 1} of "
+                                f"{len(jobs)} meshes" + (f", {processes} processes)" if forks(processes, len(todo))
+                                                         else ")"), force=True)
+            for k, (screened, seconds) in zip(todo, helpers.map(todo)):
+                out[k] = (screened, seconds)
+                if screened.fits and screened.step_time_s is not None:
+                    best[jobs[k].mesh] = min(best.get(jobs[k].mesh, math.inf), screened.step_time_s)
     return out  # type: ignore[return-value]
 
 

@@ -368,6 +368,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     if spec.pipelined:
         search.score = _reranking_score(spec, programs, remat, options)
         search.score_at_least_step_time = spec.stages * spec.chunks == 1
+        search.score_first_alone = spec.microbatches_auto  # its K is chosen for the first (`_reranking_score`)
     search.jobs = (overrides or SearchOverrides()).jobs
     if remat in hints:
         search.hint = hints[remat]
@@ -489,8 +490,9 @@ class _Search:
         # The score is a step of one stage (gradient accumulation): never faster than the whole batch's step
         # the search prices (`pipelining.choose_microbatches`), so the re-ranking may stop early.
         self.score_at_least_step_time = False
+        self.score_first_alone = True  # the first plan's score sets what the others are scored with
         # Processes for work whose answer does not depend on where it runs: the MCTS's candidates
-        # (`MctsOptions.jobs`), the plans CP-SAT scores after the first (`CpSatOptions.score_jobs`).
+        # (`MctsOptions.jobs`), the plans CP-SAT re-ranks (`CpSatOptions.score_jobs`).
         self.jobs = 1
         self.reports: list[Any] = []
         self._table = None
@@ -523,7 +525,7 @@ class _Search:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",
                                                   score_at_least_step_time=self.score_at_least_step_time,
-                                                  score_jobs=self.jobs)
+                                                  score_jobs=self.jobs, score_first_alone=self.score_first_alone)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

@@ -66,7 +66,7 @@ from solver.plan import Plan
 from solver.search import SEARCH_TIME_LIMIT_S
 from solver.search.cpsat_memory import memory_cuts
 from solver.search.cpsat_terms import Term, TermModel
-from solver.search.forked import forked_map, forks
+from solver.search.forked import Helpers, forks
 from solver.search.keys import Key
 from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, report_json
 from solver.search.rerank import simulated_makespan_s
@@ -88,10 +88,12 @@ class CpSatOptions:
     # take at least one run of the batch). A plan whose step time alone is no faster than the best score
     # so far is then not scored (its makespan is reported as None).
     score_at_least_step_time: bool = False
-    # Processes that score the plans after the first (`solver.search.forked`): once the first is scored,
-    # the others' scores depend on none of one another's (a pipelined spec's count of microbatches is the
-    # first plan's), so they are the same wherever they run.
+    # Processes that score the plans (`solver.search.forked`), this one among them: the scores depend on
+    # none of one another's, so they are the same wherever they run. Where the first plan's score sets
+    # what the others are scored with (`score_first_alone`: a pipelined spec's count of microbatches,
+    # chosen for the first), it is scored first, here.
     score_jobs: int = 1
+    score_first_alone: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,17 +613,21 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
 def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tuple[float | None, ...]:
     """Each plan's score, best serial first; None for a plan not scored
     (`CpSatOptions.score_at_least_step_time`). With `score_jobs` the plans
-    after the first are scored side by side, once the first has a score."""
+    are scored side by side (after the first, with `score_first_alone`),
+    this process scoring its share: the scores it made it keeps (a
+    pipeline's price, which the plan kept is then answered with)."""
     def score(i: int) -> float:
         plan, sharding = found[i][:2]
         return options.score(plan, sharding) if options.score is not None else simulated_makespan_s(table, sharding)
 
-    side_by_side = forks(options.score_jobs, len(found) - 1) and not options.score_at_least_step_time
+    first = 1 if options.score_first_alone else 0
+    side_by_side = forks(options.score_jobs, len(found) - first) and not options.score_at_least_step_time
     scores: list[float | None] = []
     best = math.inf
     for i, (_, _, cost, *_) in enumerate(found):
-        if i == 1 and side_by_side and best < math.inf:
-            return (*scores, *forked_map(lambda k: score(k + 1), len(found) - 1, options.score_jobs))
+        if i == first and side_by_side and (best < math.inf or not first):
+            with Helpers(score, options.score_jobs) as helpers:
+                return (*scores, *helpers.map(list(range(first, len(found)))))
         if options.score_at_least_step_time and cost.step_time_s >= best:
             scores.append(None)
             continue
