@@ -63,24 +63,27 @@ class TensorType:
 
     shape: tuple[int, ...]
     dtype: str
+    # Made once: pricing a plan at scale reads a type's bytes and hashes it millions of times.
+    num_elements: int = field(init=False, repr=False, compare=False)
+    num_bytes: int = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise IRError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in self.shape):
             raise IRError(f"invalid shape {self.shape!r}: dimensions must be non-negative ints")
+        elements = math.prod(self.shape)
+        object.__setattr__(self, "num_elements", elements)
+        object.__setattr__(self, "num_bytes", elements * DTYPE_BYTES[self.dtype])
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def rank(self) -> int:
         return len(self.shape)
-
-    @property
-    def num_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def num_bytes(self) -> int:
-        return self.num_elements * DTYPE_BYTES[self.dtype]
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorType:
         return TensorType(tuple(shape), self.dtype)
