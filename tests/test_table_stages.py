@@ -122,3 +122,19 @@ def test_a_values_stage_is_its_layers_stage():
     for stages in range(1, layers + 1):
         stage_of = value_stages(model.function, model.forward_ops, dict(model.origins), stages)
         assert (value_layer * stages // layers).tolist() == [stage_of[v.name] for v in table.values]
+
+
+def test_a_mesh_of_more_stages_than_layers_has_no_bound():
+    """Its screen prices it (at once: it cannot run) and says why, rather
+    than leaving it unpriced behind a bound of a step that does not exist."""
+    from solver.planning import mesh_screen
+    from solver.planning.planner import prepare
+
+    text = GPT.format(pipeline="pipeline: 8, ").replace("microbatches: 4", "microbatches: 8")
+    spec = parse_spec(text, "gpt.yaml")
+    built = {}
+    plans = mesh_screen._plans(spec, built, prepare, None, True)
+    assert [p[2] is not None for p in plans] == [True, True]
+    assert mesh_screen.screen_bound(spec, built, plans) == 0.0
+    screened = mesh_screen._priced(spec, built, plans, None)
+    assert screened.step_time_s is None and "8 pipeline stages need at least 8 layers" in screened.source

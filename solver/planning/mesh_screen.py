@@ -67,7 +67,7 @@ from costmodel.table_stages import pipeline_lower_bound, stage_seconds
 from ir.core import IRError, Recent
 from ir.lower import LoweringError, LowerOptions, lower
 from ir.models.base import Model
-from ir.pipeline import value_stages
+from ir.pipeline import PipelineError, check_stages, value_stages
 from ir.remat import layer_count
 from ir.sharding import local_type
 from solver.plan import Plan
@@ -270,6 +270,7 @@ def _stages_bound(spec: Spec, program: Prepared, plan: Plan, table: CostTable, t
     microbatches the screen prices it with (`_price`)."""
     model, stages = program.model, spec.stages * spec.chunks
     layers, value_layer = _value_layers(table, model)
+    check_stages(table.fn, model.forward_ops, stages)  # more stages than layers: no bound, its pricing says why
     value_stage = value_layer * stages // layers  # `ir.pipeline.layer_stages`: the n-th of L layers' stage
     k = microbatch_counts(program.nda, model, plan, spec)[-1] if spec.microbatches_auto else spec.microbatch_count
     over_batch, _ = table.batch_ops(model.inputs)
@@ -329,6 +330,11 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     """The plan's step on the mesh: its pipeline (or accumulation) with the
     screened counts of microbatches, or the lowered program."""
     hardware = spec.hardware_obj()
+    if spec.stages * spec.chunks > 1:  # before anything is materialized: a deep mesh may have more stages than layers
+        try:
+            check_stages(program.model.function, program.model.forward_ops, spec.stages * spec.chunks)
+        except PipelineError as exc:
+            raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
     # Whatever the microbatches, a stage holds its weights and optimizer state: if the step's, split over
     # the stages, exceed a device's memory, the plan does not fit, and lowering it would only say so.
     sharding = plan.materialize(program.nda)
