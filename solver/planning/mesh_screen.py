@@ -249,6 +249,8 @@ def screen_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Pla
             continue
         program = built[remat]
         try:
+            if spec.stages * spec.chunks > 1:  # more stages than layers: no bound, its pricing says why (at once)
+                check_stages(program.model.function, program.model.forward_ops, spec.stages * spec.chunks)
             if remat not in tables:
                 tables[remat] = CostTable(program.model.function, program.nda, mesh, hardware)
             # Its time alone: the peak memory's replay, a third of an evaluation, says nothing of it.
@@ -270,7 +272,6 @@ def _stages_bound(spec: Spec, program: Prepared, plan: Plan, table: CostTable, t
     microbatches the screen prices it with (`_price`)."""
     model, stages = program.model, spec.stages * spec.chunks
     layers, value_layer = _value_layers(table, model)
-    check_stages(table.fn, model.forward_ops, stages)  # more stages than layers: no bound, its pricing says why
     value_stage = value_layer * stages // layers  # `ir.pipeline.layer_stages`: the n-th of L layers' stage
     k = microbatch_counts(program.nda, model, plan, spec)[-1] if spec.microbatches_auto else spec.microbatch_count
     over_batch, _ = table.batch_ops(model.inputs)
