@@ -612,7 +612,7 @@ def leave(code: int | None) -> NoReturn:
     """End the process with `code` once its output is flushed, without
     freeing what it built. A plan at scale is millions of small objects (the
     program, its analysis, the prices kept), and freeing them one by one at
-    exit takes seconds (GPT 529.6B's mesh search: 4 s) for memory the
+    exit takes seconds (GPT 529.6B's mesh search: 2.4 s) for memory the
     operating system takes back at once; clang skips it too
     (`-disable-free`). Nothing is left to an exit hook: files are written
     and closed where they are made, and the processes forked for `--jobs`
