@@ -170,6 +170,24 @@ class FusedKernels:
         if not self.kernels:
             return 0, 0, 0
         cut_links, cut, first_link, links_cut = self._cut(cut_edges, fold)
+        reps, weights, inverse, terms = self._uncut_terms(codes, cut, fold)
+        times = np.bincount(inverse, weights=weights, minlength=len(terms)).astype(np.int64)
+        flops = 0
+        for (seconds, kernel_flops), count in zip(terms, times.tolist()):
+            by_kind[FUSION] += seconds * count
+            flops += kernel_flops * count
+        kernels, fused_ops = int(times.sum()), int((self.sizes[reps] * (1 if weights is None else weights)).sum())
+        if len(cut):
+            f, n, fused = self._evaluate_cut(cut, first_link, links_cut, self.link_position[cut_links], codes,
+                                             by_kind, fold)
+            flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
+        return flops, kernels, fused_ops
+
+    def _uncut_terms(self, codes: np.ndarray, cut: np.ndarray, fold: Any) -> tuple:
+        """The kernels no collective cuts (`cut`: those it does), or with
+        `fold` one per orbit: them, their weights (None: one each; else the
+        orbit's uncut kernels), each one's term's index and the distinct terms
+        (time, flops), each priced once and memoized."""
         if fold is None:
             keep = np.ones(len(self.kernels), dtype=bool)
             keep[cut] = False
@@ -182,20 +200,11 @@ class FusedKernels:
             reps, weights = orbits.packing.kernels[live], uncut[live]
             ids = self.row_ids(codes, orbits.packing)[live]
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        times = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(first)).astype(np.int64)
-        flops = 0
-        for rep, count in zip(first.tolist(), times.tolist()):
-            k = int(reps[rep])
+        terms = []
+        for k in reps[first].tolist():
             row = codes[self.iclass_list[k]].tolist()
-            seconds, kernel_flops = self._price(k, (int(self.signatures[k]), *row), (), codes)
-            by_kind[FUSION] += seconds * count
-            flops += kernel_flops * count
-        kernels, fused_ops = int(times.sum()), int((self.sizes[reps] * (1 if weights is None else weights)).sum())
-        if len(cut):
-            f, n, fused = self._evaluate_cut(cut, first_link, links_cut, self.link_position[cut_links], codes,
-                                             by_kind, fold)
-            flops, kernels, fused_ops = flops + f, kernels + n, fused_ops + fused
-        return flops, kernels, fused_ops
+            terms.append(self._price(k, (int(self.signatures[k]), *row), (), codes))
+        return reps, weights, inverse.reshape(-1), terms
 
     def _cut(self, cut_edges: np.ndarray, fold: Any = None) -> tuple[np.ndarray, ...]:
         """The links the collectives on `cut_edges` break; the kernels they cut
@@ -220,15 +229,8 @@ class FusedKernels:
         if not self.kernels:
             return out
         cut_links, cut, first_link, links_cut = self._cut(cut_edges)
-        keep = np.ones(len(self.kernels), dtype=bool)
-        keep[cut] = False
-        reps = np.flatnonzero(keep)
-        _, first, inverse = np.unique(self.row_ids(codes)[reps], return_index=True, return_inverse=True)
-        priced = []
-        for k in reps[first].tolist():
-            row = codes[self.iclass_list[k]].tolist()
-            priced.append(self._price(k, (int(self.signatures[k]), *row), (), codes)[0])
-        out[reps] = np.array(priced)[inverse.reshape(-1)]
+        reps, _, inverse, terms = self._uncut_terms(codes, cut, None)
+        out[reps] = np.array([seconds for seconds, _ in terms])[inverse]
         positions = self.link_position[cut_links]
         for c, k in enumerate(cut.tolist()):
             broken = tuple(positions[first_link[c]: first_link[c] + links_cut[c]].tolist())

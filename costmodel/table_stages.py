@@ -39,7 +39,6 @@ stages under 1F1B it is the schedule's own (K + P - 1)(f + b)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -73,7 +72,7 @@ def stage_seconds(table: Any, timed: Any, value_stage: np.ndarray, forward_ops: 
     add(op_stage, table.op_seconds(codes), over_batch, op_forward)  # a fused op's is its kernel's: 0 here
     kernels = table.kernels
     if kernels.kernels:
-        flat, starts = _MEMBERS.get((table.fn, table.nda), None, lambda: _members(kernels.kernels))
+        flat, starts = _MEMBERS.get((table.fn, table.nda), None, lambda: _members(kernels))
         lowest = np.minimum.reduceat(op_stage[flat], starts)
         highest = np.maximum.reduceat(op_stage[flat], starts)
         add(np.where(lowest == highest, lowest, -1), kernels.kernel_seconds(codes, run.chain_edges),
@@ -92,10 +91,10 @@ def stage_seconds(table: Any, timed: Any, value_stage: np.ndarray, forward_ops: 
     return total, forward, backward
 
 
-def _members(kernels: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    sizes = np.array([len(k.ops) for k in kernels], dtype=np.int64)
-    flat = np.fromiter((i for k in kernels for i in k.ops), dtype=np.int64, count=int(sizes.sum()))
-    return flat, np.concatenate([[0], np.cumsum(sizes)[:-1]])
+def _members(kernels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`FusedKernels`' kernels' ops flat, and where each kernel's start."""
+    flat = np.fromiter((i for k in kernels.kernels for i in k.ops), dtype=np.int64, count=int(kernels.sizes.sum()))
+    return flat, np.concatenate([[0], np.cumsum(kernels.sizes)[:-1]])
 
 
 def pipeline_lower_bound(total: np.ndarray, forward: np.ndarray, backward: np.ndarray, microbatches: int,

@@ -195,7 +195,7 @@ class _Claimed:
             axes[k] = key if len(members) == 1 else axes[members[0]]
         sizes = state.sizes
         return _Claimed(tuple(axes), tuple((key, math.gcd(*(sizes[k] for k in members)))
-                                           for key, members in shared.items()), tuple(dict.fromkeys(state.refused)))
+                                           for key, members in shared.items()), tuple(state.refused))
 
     def holds(self, mesh: Mesh) -> bool:
         """Whether the decisions claim the same on `mesh` (`materialize`):
@@ -227,7 +227,7 @@ class _Claims:
         self.axes: dict[int, list[str]] = {}
         self.split = [1] * len(nda.iclasses)
         self.used: dict[str, set[int]] = {}
-        self.refused: list[tuple[int, tuple[str, ...]]] = []  # claims refused for a size (`_Claimed`)
+        self.refused: dict[tuple[int, tuple[str, ...]], None] = {}  # claims refused for a size, once (`_Claimed`)
 
     def on(self, axis: str, size: int) -> Callable[[int], bool]:
         """Shard an I-class along `axis` (of `size` devices) if the rules allow it."""
@@ -239,7 +239,7 @@ class _Claims:
             if k in stopped or (k, axis) in blocked or owners[k] in on_axis:
                 return False
             if sizes[k] % (split[k] * size):
-                self.refused.append((sizes[k], (*axes.get(k, ()), axis)))
+                self.refused[(sizes[k], (*axes.get(k, ()), axis))] = None
                 return False
             axes.setdefault(k, []).append(axis)
             split[k] *= size

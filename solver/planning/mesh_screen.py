@@ -67,12 +67,12 @@ from costmodel.table_stages import pipeline_lower_bound, stage_seconds
 from ir.core import IRError, Recent
 from ir.lower import LoweringError, LowerOptions, lower
 from ir.models.base import Model
-from ir.pipeline import PipelineError, check_stages, value_stages
+from ir.pipeline import check_stages, value_stages
 from ir.remat import layer_count
 from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
-from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
+from solver.planning.pipelining import check_spec_stages, microbatch_counts, pipelined_cost, search_nda
 from solver.planning.planner import Prepared
 from solver.planning.shallow import shallow_step_cost
 from solver.planning.spec import Spec, SpecError
@@ -331,11 +331,7 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     """The plan's step on the mesh: its pipeline (or accumulation) with the
     screened counts of microbatches, or the lowered program."""
     hardware = spec.hardware_obj()
-    if spec.stages * spec.chunks > 1:  # before anything is materialized: a deep mesh may have more stages than layers
-        try:
-            check_stages(program.model.function, program.model.forward_ops, spec.stages * spec.chunks)
-        except PipelineError as exc:
-            raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+    check_spec_stages(spec, program.model)  # before anything is materialized
     # Whatever the microbatches, a stage holds its weights and optimizer state: if the step's, split over
     # the stages, exceed a device's memory, the plan does not fit, and lowering it would only say so.
     sharding = plan.materialize(program.nda)

@@ -155,10 +155,8 @@ def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hard
     one microbatch's factor sharding (`ir.pipeline.microbatch_sharding`,
     kept for the last few: choosing K prices the count it then returns,
     `shallow` or not as the caller will); a PipelineError as the spec's error."""
+    check_spec_stages(spec, model)  # before anything is materialized
     try:
-        # Before anything is materialized: a mesh search meets many meshes of more stages than layers.
-        if spec.stages * spec.chunks > 1:
-            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
         if microbatches is None and spec.microbatches_auto:
             microbatches = choose_microbatches(spec, model, nda, plan, hardware, options, shallow)
         k = microbatches or spec.microbatch_count
@@ -166,6 +164,16 @@ def _microbatched(spec: Spec, model: Model, nda: NDA, plan: Plan, hardware: Hard
             model, nda, plan.mesh, plan.decisions, k, dict(plan.resolutions), plan.replicated))
     except PipelineError as exc:
         raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
+
+
+def check_spec_stages(spec: Spec, model: Model) -> None:
+    """The spec's error unless the step has a layer for each of its pipeline
+    stages (cheap: a mesh search meets many meshes of more stages than layers)."""
+    if spec.stages * spec.chunks > 1:
+        try:
+            check_stages(model.function, model.forward_ops, spec.stages * spec.chunks)
+        except PipelineError as exc:
+            raise SpecError(f"{spec.source}: pipeline: {exc}") from exc
 
 
 def _staged(make: Callable[..., Any], spec: Spec, model: Model, nda: NDA, plan: Plan,
