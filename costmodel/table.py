@@ -154,9 +154,6 @@ class CostTable:
         self.type_id, self.num_types = np.array(self.type_id_of, dtype=np.int64), len(types)
         self.combiner_names = sorted({"sum", *self.op_combiner})
         self.combiner_id = {c: k for k, c in enumerate(self.combiner_names)}
-        # For the walk's per-value maxima over uses: the uses grouped by value, and where each group starts.
-        self.edges_by_value = np.argsort(self.edge_vid, kind="stable")
-        self.used_values, self.first_use_of = np.unique(self.edge_vid[self.edges_by_value], return_index=True)
         self.flow_levels = FlowLevels(self)
         return {name: value for name, value in vars(self).items() if name not in before}
 

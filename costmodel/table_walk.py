@@ -14,6 +14,7 @@ had, which tests/test_table.py checks against the lowered program.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ def distinct_rows(columns: Sequence[tuple[np.ndarray, int]]) -> tuple[np.ndarray
 # The partial-sum walks a table keeps (`Walk.partial_sums`): about this many bytes of answers (a byte
 # per op for its mask, its combiner and whether a sum flows through it; masks of up to 8 axes).
 _PARTIAL_BYTES = 64 << 20
+# Levels of at most this many ops are walked op by op in Python (`Walk._walk_small`): cheaper than numpy calls.
+_SMALL_LEVEL = 2
 
 
 def _union(masks: np.ndarray) -> np.ndarray:
@@ -83,6 +86,9 @@ class Level:
     can_flow: np.ndarray | None
     use_ic: np.ndarray | None
     signature: np.ndarray | None
+    # A level of at most _SMALL_LEVEL ops, walked in Python (`Walk._walk_small`): per op (op, row,
+    # operands, first use, shared, can flow, each operand's use's I-classes); else None.
+    small: tuple | None = None
 
 
 class FlowLevels:
@@ -128,10 +134,16 @@ class FlowLevels:
                 edges = t.op_edges[i]
                 operands[r, : len(edges)] = t.op_vids[i]
                 use_ic[r, : len(edges)] = t.use_ic[edges.start: edges.stop]
-            self.levels.append(Level(
-                ops_here, rows, operands, first_user[operands] == ops_here[:, None], use_count[operands] != 1,
-                np.array([t.can_flow[i] for i in ops_here.tolist()], dtype=bool), use_ic,
-                t.op_signature[ops_here]))
+            level = Level(ops_here, rows, operands, first_user[operands] == ops_here[:, None], use_count[operands] != 1,
+                          np.array([t.can_flow[i] for i in ops_here.tolist()], dtype=bool), use_ic,
+                          t.op_signature[ops_here])
+            if len(ops_here) <= _SMALL_LEVEL:
+                n = [len(t.op_edges[i]) for i in ops_here.tolist()]
+                level = dataclasses.replace(level, small=tuple(
+                    (int(ops_here[r]), int(rows[r]), level.operands[r, : n[r]].tolist(),
+                     level.first_use[r, : n[r]].tolist(), level.shared[r, : n[r]].tolist(), bool(level.can_flow[r]),
+                     level.use_ic[r, : n[r]].tolist()) for r in range(len(ops_here))))
+            self.levels.append(level)
         # Every I-class the walk reads the code of: its answer is a function of their codes alone.
         self.iclasses = np.unique(np.concatenate([self.reduction_ic.ravel()] + [
             level.use_ic.ravel() for level in self.levels if level.use_ic is not None]))
@@ -193,6 +205,9 @@ class Walk:
         wrong: list[int] = []
         seen = False  # a partial sum so far: without one, nothing flows into the levels above
         for level in levels.levels:
+            if level.small is not None:
+                seen = self._walk_small(level, own, levels.combiner, seen, wrong) or seen
+                continue
             mine = own[level.rows]
             flow = self._flows(level) if level.operands is not None and seen else 0
             total = mine | flow
@@ -210,6 +225,39 @@ class Walk:
             i = min(wrong)
             raise LoweringError(f"{t.fn.ops[i].describe()}: cannot combine a flowing sum with a "
                                 f"{t.op_combiner[i]} reduction")
+
+    def _walk_small(self, level: Level, own: np.ndarray, combiner: np.ndarray, seen: bool, wrong: list[int]) -> bool:
+        """`_walk_levels`'s step for a level of a few ops, op by op in Python
+        (mixtral_8x7b's walk has 30 levels of one op: their numpy calls were
+        half of it); whether one of them holds a partial sum."""
+        t, codes, mask = self.t, self.codes, self.mask
+        sum_id = t.combiner_id["sum"]
+        any_partial = False
+        for i, row, operands, first_use, shared, can_flow, use_ic in level.small:
+            mine = int(own[row])
+            flow = 0
+            if seen and can_flow:
+                held = [int(mask[v]) for v in operands]
+                read = [h if f else 0 for h, f in zip(held, first_use)]
+                if any(read) and not any(r and s for r, s in zip(read, shared)):
+                    combiners = [int(self.combiner_id[v]) if h else sum_id for v, h in zip(operands, held)]
+                    wanted = []
+                    for row_ic in use_ic:
+                        m = 0
+                        for ic in row_ic:
+                            m |= int(t.code_mask[codes[ic]])
+                        wanted.append(m)
+                    flow = self._flowing_of(i, read, combiners, wanted)
+            total = mine | flow
+            if not total:
+                continue
+            any_partial = True
+            self.flowing[i] = flow != 0
+            if flow and mine and combiner[row] != sum_id:
+                wrong.append(i)
+            mask[t.num_params + i] = total
+            self.combiner_id[t.num_params + i] = combiner[row] if mine else sum_id
+        return any_partial
 
     def _flows(self, level: Level) -> np.ndarray:
         """The partial axes (masks) flowing through the ops of one level, given
@@ -243,10 +291,14 @@ class Walk:
         pending axes `read`, their combiners' ids and the axes each use wants
         (padded past its operands); decided by the lowering's
         `flowing_partial`, memoized on what it looks at."""
+        n = len(self.t.op_edges[i])
+        return self._flowing_of(i, read[:n].tolist(), combiners[:n].tolist(), wanted[:n].tolist())
+
+    def _flowing_of(self, i: int, read: list[int], combiners: list[int], wanted: list[int]) -> int:
+        """`_flowing` with one entry per operand, as Python ints."""
         t = self.t
-        n = len(t.op_edges[i])
-        names = tuple(t.combiner_names[c] for c in combiners[:n].tolist())
-        key = (t.op_signature_of[i], tuple(read[:n].tolist()), names, tuple(wanted[:n].tolist()))
+        names = tuple(t.combiner_names[c] for c in combiners)
+        key = (t.op_signature_of[i], tuple(read), names, tuple(wanted))
         flowing = t._flow_memo.get(key)
         if flowing is None:
             wants = [t.want_dims(e, self.codes) for e in t.op_edges[i]]
@@ -400,14 +452,12 @@ class Walk:
         read = op_pos[t.edge_op]
         read[self.chain_edges] = start
         # A reduced value's own (partial) form is read up to its reducing use, the reduced form after it.
-        grouped = t.edges_by_value
-        after = grouped > self.reduced_at[t.edge_vid[grouped]]
+        # (`np.maximum.at`: a few times faster than a `reduceat` over the values' mostly one or two uses.)
+        after = np.arange(len(t.edge_vid)) > self.reduced_at[t.edge_vid]
         own_last = np.full(len(t.values), -1, dtype=np.int64)
         reduced_last = np.full(len(t.values), -1, dtype=np.int64)
-        if len(grouped):
-            read = read[grouped]
-            own_last[t.used_values] = np.maximum.reduceat(np.where(after, -1, read), t.first_use_of)
-            reduced_last[t.used_values] = np.maximum.reduceat(np.where(after, read, -1), t.first_use_of)
+        np.maximum.at(own_last, t.edge_vid, np.where(after, -1, read))
+        np.maximum.at(reduced_last, t.edge_vid, np.where(after, read, -1))
         spans = [_temporaries(self.chains, self.chain_index, start, np.cumsum(steps) - steps, op_pos[chain_op]),
                  self._reduced(start, op_pos, reduced_last, end, reduce_count, reduced_bytes)]
         pos = int(op_pos[-1]) + 1
