@@ -348,9 +348,9 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
     mesh = Mesh.of(batch=2, model=2)
     hardware = slow_hardware(mesh) if memory is None else slow_hardware(mesh, memory=memory)
     model, nda, table, space = setup("transformer", dict(layers=2), mesh, hardware)
-    options = MctsOptions(iterations=300, min_dims=0)
+    options = MctsOptions(iterations=300, min_dims=0, deltas=False)  # every candidate timed or priced
     bounded = solve(space, table, options)
-    def price_every_candidate(self, candidates, here, binds):
+    def price_every_candidate(self, candidates, here, binds, estimates=None):
         ranks = [self.price(p, c).rank for p, c in candidates]
         improving = [r < here for r in ranks]
         return min((k for k in range(len(ranks)) if improving[k]), key=ranks.__getitem__, default=None), \

@@ -128,6 +128,22 @@ twice. On unet (memory does not bind) 5,528 -> 807 replays for the same
 plan; on mixtral_8x7b, whose fastest candidates mostly do not fit, 10,955
 -> 9,212.
 
+Deltas. A descent step mostly tries the actions of the step before
+from a state one decision further on, and most decisions leave most
+actions' effect alone. The step time is a sum of terms, and an action can
+change only those in its footprint (`solver.search.footprints`): its
+change of step time from a state, its delta, depends only on the state's
+decisions whose footprints meet its own. Every candidate a descent times or
+prices leaves its delta under that key (`Footprints.key`); a later
+candidate with the same key takes its RT as the state's RT plus the delta,
+neither timed nor priced (the report's `estimated`), where the step only
+needs RTs (here fits; one that replays a candidate for memory prices it
+whole). Exact up to the rounding of the sums: every estimate a later
+timing checks agrees within 1e-9 (`delta_misses`, none on the bundled
+specs). unet: 15,324 -> 4,686 timings, the same plan; llama2_70b and
+mixtral_8x7b, whose steps mostly replay memory, 3,645 -> 2,263 and
+8,843 -> 5,305.
+
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
 best plan is materialized once. Prices are memoized per factor sharding.
@@ -169,6 +185,7 @@ from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search import SEARCH_TIME_LIMIT_S
+from solver.search.footprints import Footprints
 from solver.search.forked import Helpers
 from solver.search.keys import IClassKeys
 from solver.search.mcts_actions import STOP, Action, actions, statically_valid, successor
@@ -194,6 +211,7 @@ class MctsOptions:
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
     jobs: int = 1  # processes pricing a descent step's candidates (`_Mcts.candidate_ranks`): the same search
+    deltas: bool = True  # a candidate's RT from its action's delta where footprints allow (docstring, "Deltas")
 
     def __post_init__(self) -> None:
         for name in ("iterations", "round_iterations", "max_depth", "patience", "jobs"):
@@ -218,6 +236,7 @@ class MctsReport:
     rounds: int
     evaluations: int  # distinct factor shardings priced
     timed_only: int  # more ruled out by their step time alone, their peak memory not replayed
+    estimated: int  # candidates whose step time a delta gave, neither timed nor priced ("Deltas")
     states: int  # nodes of the transposition table
     merged: int  # expansions that reached an existing node (another action order)
     actions: int  # after pruning
@@ -282,6 +301,11 @@ class _Mcts:
         self.valid_of: dict[Point, list[Action]] = {}
         self.descent_of: dict[tuple[Point, tuple[int, str] | None], tuple[Point, np.ndarray]] = {}
         self.merged = 0
+        # The actions' footprints, for deltas that stand for a candidate's timing (module docstring, "Deltas").
+        self.footprints = Footprints(space, table) if options.deltas else None
+        self.deltas: dict[tuple, float] = {}  # per `Footprints.key`: T(state + action) - T(state)
+        self.estimated = 0  # candidates whose RT a delta gave
+        self.delta_misses = 0  # deltas that disagreed with a timing made later: none, where footprints are right
         self.best: tuple[_Priced, Point, np.ndarray] | None = None
         self.incumbent: _Priced | None = None
         self.incumbent_end: tuple[Point, np.ndarray] | None = None  # where the incumbent's descent ended
@@ -358,7 +382,7 @@ class _Mcts:
         return priced
 
     def step(self, candidates: list[tuple[Point, np.ndarray]], here: tuple[bool, float],
-             binds: bool) -> tuple[int | None, list[bool], bool]:
+             binds: bool, estimates: list[float | None] | None = None) -> tuple[int | None, list[bool], bool]:
         """A descent step from a state ranked `here`: the index of the best
         candidate that ranks before it (None: none does), per candidate
         whether it improves, and whether memory bound the step. Where here
@@ -371,13 +395,22 @@ class _Mcts:
         candidates below here's C are replayed as they are timed, not timed
         again when their turn comes. Where here does not fit, every
         candidate is priced whole and ranked. The work is `work`'s, shared
-        with the helpers, in the candidates' order."""
+        with the helpers, in the candidates' order. `estimates`: per
+        candidate, its RT where a delta gives it (`descend`), which stands
+        for its timing (None: timed)."""
         if here[0]:
             ranks = [p.rank for p in self.price_all(candidates)]
             improving = [r < here for r in ranks]
             best = min((k for k, r in enumerate(ranks) if improving[k]), key=ranks.__getitem__, default=None)
             return best, improving, binds
-        runtimes = self.runtimes(candidates, here[1] if binds else None)
+        if estimates is None or all(e is None for e in estimates):
+            runtimes = self.runtimes(candidates, here[1] if binds else None)
+        else:
+            todo = [k for k, e in enumerate(estimates) if e is None]
+            timed = self.runtimes([candidates[k] for k in todo], here[1] if binds else None)
+            runtimes = list(estimates)
+            for k, rt in zip(todo, timed):
+                runtimes[k] = rt
         improving = [rt < here[1] for rt in runtimes]
         # One at a time (here, not in a helper: the first usually fits), so that what is priced does not
         # depend on the jobs.
@@ -403,6 +436,37 @@ class _Mcts:
             priced = self.prices.get(codes.tobytes())
             out.append(self.timed[codes.tobytes()] if priced is None else priced.runtime)
         return out
+
+    def estimate(self, key: tuple, codes: np.ndarray, runtime: float) -> float | None:
+        """A step's RT: exact where it was timed or priced, else from its delta
+        (`deltas`) and the RT `runtime` of the state it leaves; None if neither."""
+        exact = self.exact_runtime(codes)
+        if exact is not None:
+            return exact
+        delta = self.deltas.get(key)
+        if delta is None:
+            return None
+        self.estimated += 1
+        return runtime + delta
+
+    def learn(self, keys: list[tuple], after: list[np.ndarray], runtime: float,
+              estimates: list[float | None]) -> None:
+        """Keep the delta of each step a descent timed or priced (`deltas`),
+        from a state of RT `runtime`; an estimate its exact RT disagrees with
+        is counted (`delta_misses`: none, where the footprints are right)."""
+        for key, codes, estimate in zip(keys, after, estimates):
+            exact = self.exact_runtime(codes)
+            if exact is None:
+                continue
+            if estimate is not None and abs(exact - estimate) > 1e-9 * abs(exact):
+                self.delta_misses += 1
+            self.deltas[key] = exact - runtime
+
+    def exact_runtime(self, codes: np.ndarray) -> float | None:
+        """A state's RT where it was priced or timed, else None."""
+        key = codes.tobytes()
+        priced = self.prices.get(key)
+        return priced.runtime if priced is not None else self.timed.get(key)
 
     def price_all(self, states: list[tuple[Point, np.ndarray]]) -> list[_Priced]:
         """`price` of each state: those not priced yet are priced by `work`,
@@ -513,7 +577,14 @@ class _Mcts:
         candidates, binds = self.allowed(point, avoid), False
         while point.size < self.options.max_depth:
             steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
-            chosen, improves, binds = self.step([after for _, after in steps], here, binds)
+            keys = [self.footprints.key(point, a) for a, _ in steps] if self.footprints is not None else None
+            runtime = self.prices[codes.tobytes()].runtime
+            # Where here does not fit, every candidate is priced whole: no estimate stands for one.
+            estimates = None if keys is None or here[0] else \
+                [self.estimate(key, after, runtime) for key, (_, (_, after)) in zip(keys, steps)]
+            chosen, improves, binds = self.step([after for _, after in steps], here, binds, estimates)
+            if keys is not None:
+                self.learn(keys, [after for _, (_, after) in steps], runtime, estimates or [None] * len(keys))
             if chosen is None:
                 break
             improving = [action for (action, _), better in zip(steps, improves) if better]
@@ -613,6 +684,7 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     priced, point, codes = search.best
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
                   evaluations=len(search.prices), timed_only=len(search.timed.keys() - search.prices.keys()),
+                  estimated=search.estimated,
                   states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=space.decisions,

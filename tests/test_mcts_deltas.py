@@ -1,0 +1,96 @@
+"""The MCTS's deltas (`solver.search.mcts`, module docstring "Deltas";
+`solver.search.footprints`): two states with the same key give an action
+the same change of step time, the key is not trivially coarse, and a search
+that takes candidates' step times from deltas returns the plans of one
+that times them all, with no delta ever contradicted by a timing."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+from test_cpsat import ZERO_CASES, setup, slow_hardware
+
+from ir.core import Mesh
+from ir.lower import LoweringError
+from solver.search import mcts
+from solver.search.footprints import Footprints
+from solver.search.mcts import MctsOptions, solve
+from solver.search.mcts_actions import actions, statically_valid, successor
+from solver.search.report import SILENT
+from solver.search.space import Point
+
+# (program, its arguments, mesh, ZeRO levels in the space)
+DELTA_CASES = [
+    ("transformer", dict(layers=2), Mesh.of(batch=2, model=2), False),
+    *[(name, kwargs, mesh, True) for name, kwargs, mesh in ZERO_CASES],
+]
+DELTA_IDS = ["transformer-2d", "mlp-zero", "deep-mlp-zero", "mlp-2d-zero"]
+
+
+def _step_time(table, space, point: Point) -> float | None:
+    try:
+        return table.timed(space.codes(point)).step_time_s
+    except LoweringError:
+        return None
+
+
+@pytest.mark.parametrize("name,kwargs,mesh,zero", DELTA_CASES, ids=DELTA_IDS)
+def test_states_with_the_same_key_give_an_action_the_same_delta(name, kwargs, mesh, zero):
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=zero)
+    footprints = Footprints(space, table)
+    moves, _ = actions(space, 0)
+    rng = random.Random(0)
+    by_key: dict[tuple, list[float]] = defaultdict(list)
+    by_action: dict[object, set[float]] = defaultdict(set)
+    for _ in range(60):  # random walks from the root, each state's valid actions measured
+        point = Point(frozenset(), ())
+        for _ in range(4):
+            here = _step_time(table, space, point)
+            valid = [a for a in moves if statically_valid(point, a, space)]
+            if here is None or not valid:
+                break
+            for action in rng.sample(valid, min(6, len(valid))):
+                after = _step_time(table, space, successor(point, action))
+                if after is not None:
+                    delta = after - here
+                    by_key[footprints.key(point, action)].append(delta)
+                    by_action[action].add(round(delta / max(here, 1e-300), 9))
+            point = successor(point, rng.choice(valid))
+    shared = [deltas for deltas in by_key.values() if len(deltas) > 1]
+    assert len(shared) >= 10, "too few states met again under one key for the test to say anything"
+    for deltas in shared:
+        scale = max(abs(d) for d in deltas) + 1e-12
+        assert max(deltas) - min(deltas) <= 1e-9 * scale + 1e-15, deltas
+    # The key is needed: one action changes the step time differently from different states.
+    assert any(len(changes) > 1 for changes in by_action.values())
+
+
+@pytest.mark.parametrize("name,kwargs,mesh,zero", DELTA_CASES, ids=DELTA_IDS)
+@pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
+def test_a_search_with_deltas_returns_the_plans_of_one_that_times_every_candidate(name, kwargs, mesh, zero, memory):
+    hardware = slow_hardware(mesh) if memory is None else slow_hardware(mesh, memory=memory)
+    model, nda, table, space = setup(name, kwargs, mesh, hardware, zero=zero)
+    runs = {}
+    for deltas in (False, True):
+        options = MctsOptions(iterations=300, min_dims=0, deltas=deltas)
+        search = mcts._Mcts(space, table, options, SILENT)
+        search.run()
+        runs[deltas] = search
+        assert search.delta_misses == 0
+    timed, estimated = runs[False], runs[True]
+    assert estimated.best[0].cost == timed.best[0].cost
+    assert timed.estimated == 0
+    if memory is None:  # where nothing fits, every candidate is priced whole: no delta stands for one
+        assert estimated.estimated > 0
+    if estimated.estimated:
+        assert len(estimated.timed) + len(estimated.prices) < len(timed.timed) + len(timed.prices)
+
+
+def test_the_report_counts_the_candidates_deltas_gave():
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=2), mesh, slow_hardware(mesh))
+    report = solve(space, table, MctsOptions(iterations=300, min_dims=0)).report.to_json()
+    assert report["estimated"] > 0
+    assert solve(space, table, MctsOptions(iterations=300, min_dims=0, deltas=False)).report.to_json()["estimated"] == 0
