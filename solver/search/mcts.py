@@ -444,10 +444,7 @@ class _Mcts:
         if exact is not None:
             return exact
         delta = self.deltas.get(key)
-        if delta is None:
-            return None
-        self.estimated += 1
-        return runtime + delta
+        return None if delta is None else runtime + delta
 
     def learn(self, keys: list[tuple], after: list[np.ndarray], runtime: float,
               estimates: list[float | None]) -> None:
@@ -457,6 +454,7 @@ class _Mcts:
         for key, codes, estimate in zip(keys, after, estimates):
             exact = self.exact_runtime(codes)
             if exact is None:
+                self.estimated += estimate is not None  # neither timed nor priced
                 continue
             if estimate is not None and abs(exact - estimate) > 1e-9 * abs(exact):
                 self.delta_misses += 1
