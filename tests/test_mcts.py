@@ -341,7 +341,7 @@ def test_polish_is_an_option():
 @pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
 def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypatch, memory):
     """A descent step replays for memory only its candidates faster than the
-    state it is at, in order, until one fits (`_Mcts.step`): the search takes
+    state it is at, in order, until one fits (`Pricing.step`): the search takes
     the same course and returns the same plan as one that prices every
     candidate, where memory shapes the answer too (there, the step's focus
     may keep candidates that do not fit: a superset; here the same course)."""
@@ -371,7 +371,7 @@ def test_candidates_ruled_out_by_time_alone_change_nothing_but_the_work(monkeypa
 @pytest.mark.parametrize("memory", [None, "60KB"], ids=["roomy", "memory-shaped"])
 def test_candidates_priced_in_a_helper_process_are_the_same_search(monkeypatch, memory):
     """With two jobs a descent step's candidates are priced half here, half in
-    a forked helper (`_Mcts.candidate_ranks`): the same plan, cost and course
+    a forked helper (`mcts_pricing.Pricing.step`): the same plan, cost and course
     as one process, the helper's prices taken in the candidates' order."""
     from solver.search import forked
 

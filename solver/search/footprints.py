@@ -1,5 +1,5 @@
 """Which MCTS actions change disjoint parts of a plan's step time
-(`solver.search.mcts`, module docstring "Deltas").
+(`solver.search.mcts_pricing`, module docstring "Deltas").
 
 The step time the cost table gives (`costmodel.table.CostTable.timed`) is a
 sum of terms: per op alone its compute, per use its collectives, per fused

@@ -1,0 +1,266 @@
+"""The MCTS's pricing of states (`solver.search.mcts`): each state's
+codes, priced from the shared cost table and memoized, and a descent
+step's candidates ranked with as little work as the ranking allows.
+
+Bounds. A descent step looks for the best candidate that improves on the
+state it is at. Where the state fits memory, a candidate whose relative
+step time alone (RT) is no smaller than the state's C = RT + MP cannot rank
+before it (its own C is at least its RT, and not fitting ranks it later
+still), and among those below, the fastest that fits is the best (a plan
+that fits has C = RT). So every candidate is timed (`CostTable.timed`,
+without the peak memory replay), and only those below C are replayed, in
+RT order, until one fits (`Pricing.step`): the same step as pricing every
+candidate, with one replay where memory does not bind (the report's
+`timed_only` counts the others). The candidates below C are the ones the
+next step focuses on, fitting or not (pricing them all, the focus would
+drop those that do not fit; a superset, so no descent looks at less).
+Where memory binds (the fastest candidate did not fit), the next step
+replays the candidates below C as it times them rather than timing them
+twice. On unet (memory does not bind) 5,528 -> 807 replays for the same
+plan; on mixtral_8x7b, whose fastest candidates mostly do not fit, 10,955
+-> 9,212.
+
+Deltas. A descent step mostly tries the actions of the step before
+from a state one decision further on, and most decisions leave most
+actions' effect alone. The step time is a sum of terms, and an action can
+change only those in its footprint (`solver.search.footprints`): its
+change of step time from a state, its delta, depends only on the state's
+decisions whose footprints meet its own. Every candidate a descent times or
+prices leaves its delta under that key (`Footprints.key`); a later
+candidate with the same key takes its RT as the state's RT plus the delta,
+neither timed nor priced (the report's `estimated`), where the step only
+needs RTs (here fits; one that replays a candidate for memory prices it
+whole). Exact up to the rounding of the sums: every estimate a later
+timing checks agrees within 1e-9 (`delta_misses`, none on the bundled
+specs). unet: 15,324 -> 4,686 timings, the same plan; llama2_70b and
+mixtral_8x7b, whose steps mostly replay memory, 3,645 -> 2,263 and
+8,843 -> 5,305.
+
+Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
+state's codes (`SearchSpace.codes`): no IR is built until the end, when the
+best plan is materialized once. Prices are memoized per factor sharding.
+The space's keys (`solver.search.keys`: I-classes coded alike in every
+point) fold both: a state's codes are materialized for the owners of one
+member of each key (`SearchSpace.folded_codes`), and its times are priced
+from one member of each orbit of ops, kernels and uses
+(`costmodel.table_fold`), the same codes and figures to the bit.
+
+Helpers. With `jobs` above 1 (`shardplan plan --jobs N`), a descent
+step's candidates, their codes and then their prices, are worked in turn
+here and in forked helper processes kept for the whole search
+(`solver.search.forked.Helpers`, `Pricing.work`). Either is a function of
+the codes, the space and the table alone, and the results are taken in the
+candidates' order, so the course, the memo tables and the answer are those
+of one process; only the time limit can tell them apart. A descent step
+has tens to a couple of hundred candidates of a few milliseconds each, so
+a batch dwarfs the fork (once a search) and the pipe (twice a step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.table import CostTable
+from ir.core import IRError
+from solver.search.footprints import Footprints
+from solver.search.forked import Helpers
+from solver.search.keys import IClassKeys
+from solver.search.space import Point, SearchSpace
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    relative_cost: float  # C = RT + MP
+    runtime: float  # RT
+    cost: Cost
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        return (not self.cost.fits, self.relative_cost)
+
+
+class Pricing:
+    """What `solver.search.mcts._Mcts` prices states with (module docstring):
+    the memo tables, the best, smallest and fastest plans priced, and the
+    work its helpers share. `options`: the search's `MctsOptions`."""
+
+    def __init__(self, space: SearchSpace, table: CostTable, options: Any) -> None:
+        if space.mesh != table.mesh:
+            raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
+        self.space, self.table, self.options = space, table, options
+        fn, hardware = table.fn, table.hardware
+        self.baseline = evaluate(fn, hardware)
+        self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
+        self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
+        # The space's keys name the I-classes coded alike in every point: a point's codes are made for
+        # one member of each (`SearchSpace.folded_codes`), and its times priced by orbit (`CostTable.fold`).
+        representatives = IClassKeys(space).representatives()
+        self.materialize = space.folded_codes(representatives)
+        self.fold = table.fold(representatives)
+        self.codes_of: dict[Point, np.ndarray] = {}
+        self.prices: dict[bytes, Priced] = {}
+        self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
+        self.helpers: Helpers = Helpers(self.work, 1)  # `mcts.solve` opens the option's processes
+        # The decisions' footprints, for deltas that stand for a candidate's timing (module docstring).
+        self.footprints = Footprints(space, table) if options.deltas else None
+        self.deltas: dict[tuple, float] = {}  # per `Footprints.key`: T(state + action) - T(state)
+        self.estimated = 0  # candidates whose RT a delta gave, neither timed nor priced
+        self.delta_misses = 0  # deltas that disagreed with a timing made later: none, where footprints are right
+        self.best: tuple[Priced, Point, np.ndarray] | None = None
+        self.smallest: tuple[int, Point, np.ndarray] | None = None
+        self.fastest_s = math.inf  # the fastest plan priced, fitting or not
+
+    def codes(self, point: Point, near: Point | None = None) -> np.ndarray:
+        """The point's codes, one per key (`_FastMaterialize.few`: equal for
+        two points exactly when their I-classes' codes are; `whole` gives
+        those), in the narrowest integer type that holds them. The search
+        keeps the codes of every state it reaches, as arrays and as the keys
+        of its prices: a key's instead of an I-class's, 58 bytes a state
+        instead of 100,074 on llama2_70b. `near`: the state whose successor
+        the point is (`SearchSpace.codes`)."""
+        codes = self.codes_of.get(point)
+        if codes is None:
+            codes = self.codes_of[point] = self.work(("codes", point, near))
+        return codes
+
+    def whole(self, codes: np.ndarray) -> np.ndarray:
+        """Every I-class's code of a state's `codes`: what the table prices."""
+        return self.materialize.whole(codes)
+
+    def price(self, point: Point, codes: np.ndarray) -> Priced:
+        return self.price_all([(point, codes)])[0]
+
+    def _priced(self, point: Point, codes: np.ndarray, key: bytes, cost: Cost) -> Priced:
+        assessed = Assessment(cost, self.baseline, self.ideal_s)
+        priced = self.prices[key] = Priced(assessed.relative_cost, assessed.relative_runtime, cost)
+        if self.best is None or priced.rank < self.best[0].rank:
+            self.best = (priced, point, codes)
+        if self.smallest is None or cost.peak_memory_bytes < self.smallest[0]:
+            self.smallest = (cost.peak_memory_bytes, point, codes)
+        self.fastest_s = min(self.fastest_s, cost.step_time_s)
+        return priced
+
+    def step(self, candidates: list[tuple[Point, np.ndarray]], here: tuple[bool, float],
+             binds: bool, estimates: list[float | None] | None = None) -> tuple[int | None, list[bool], bool]:
+        """A descent step from a state ranked `here`: the index of the best
+        candidate that ranks before it (None: none does), per candidate
+        whether it improves, and whether memory bound the step. Where here
+        fits, every candidate is timed, and only those whose relative step
+        time alone (RT) is below here's C are replayed for memory, one after
+        another in RT order until one fits: that one is the best (C = RT + MP
+        is at least RT, and a plan that fits has MP 0), and the others are
+        improving on their RT (module docstring, "Bounds"). Memory binds
+        where the fastest does not fit; then (`binds`, the step before's) the
+        candidates below here's C are replayed as they are timed, not timed
+        again when their turn comes. Where here does not fit, every
+        candidate is priced whole and ranked. The work is `work`'s, shared
+        with the helpers, in the candidates' order. `estimates`: per
+        candidate, its RT where a delta gives it (`descend`), which stands
+        for its timing (None: timed)."""
+        if here[0]:
+            ranks = [p.rank for p in self.price_all(candidates)]
+            improving = [r < here for r in ranks]
+            best = min((k for k, r in enumerate(ranks) if improving[k]), key=ranks.__getitem__, default=None)
+            return best, improving, binds
+        if estimates is None or all(e is None for e in estimates):
+            runtimes = self.runtimes(candidates, here[1] if binds else None)
+        else:
+            todo = [k for k, e in enumerate(estimates) if e is None]
+            timed = self.runtimes([candidates[k] for k in todo], here[1] if binds else None)
+            runtimes = list(estimates)
+            for k, rt in zip(todo, timed):
+                runtimes[k] = rt
+        improving = [rt < here[1] for rt in runtimes]
+        # One at a time (here, not in a helper: the first usually fits), so that what is priced does not
+        # depend on the jobs.
+        for n, k in enumerate(sorted((k for k in range(len(candidates)) if improving[k]), key=runtimes.__getitem__)):
+            if self.price(*candidates[k]).cost.fits:
+                return k, improving, n > 0
+        return None, improving, True
+
+    def runtimes(self, states: list[tuple[Point, np.ndarray]], below: float | None = None) -> list[float]:
+        """Each state's RT: from its price, or timed (kept in `timed`, its
+        peak not replayed), by `work`, shared with the helpers; those timed
+        whose RT is below `below` are priced whole in the same work."""
+        todo = {key: (point, codes) for point, codes in states
+                if (key := codes.tobytes()) not in self.prices and key not in self.timed}
+        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.helpers.map(
+                [("time", codes, below) for _, codes in todo.values()])):
+            self.fastest_s = min(self.fastest_s, step_time_s)
+            self.timed[key] = runtime
+            if cost is not None:
+                self._priced(point, codes, key, cost)
+        out = []
+        for _, codes in states:
+            priced = self.prices.get(codes.tobytes())
+            out.append(self.timed[codes.tobytes()] if priced is None else priced.runtime)
+        return out
+
+    def estimate(self, key: tuple, codes: np.ndarray, runtime: float) -> float | None:
+        """A step's RT: exact where it was timed or priced, else from its delta
+        (`deltas`) and the RT `runtime` of the state it leaves; None if neither."""
+        exact = self.exact_runtime(codes)
+        if exact is not None:
+            return exact
+        delta = self.deltas.get(key)
+        return None if delta is None else runtime + delta
+
+    def learn(self, keys: list[tuple], after: list[np.ndarray], runtime: float,
+              estimates: list[float | None]) -> None:
+        """Keep the delta of each step a descent timed or priced (`deltas`),
+        from a state of RT `runtime`; an estimate its exact RT disagrees with
+        is counted (`delta_misses`: none, where the footprints are right)."""
+        for key, codes, estimate in zip(keys, after, estimates):
+            exact = self.exact_runtime(codes)
+            if exact is None:
+                self.estimated += estimate is not None  # neither timed nor priced
+                continue
+            if estimate is not None and abs(exact - estimate) > 1e-9 * abs(exact):
+                self.delta_misses += 1
+            self.deltas[key] = exact - runtime
+
+    def exact_runtime(self, codes: np.ndarray) -> float | None:
+        """A state's RT where it was priced or timed, else None."""
+        key = codes.tobytes()
+        priced = self.prices.get(key)
+        return priced.runtime if priced is not None else self.timed.get(key)
+
+    def price_all(self, states: list[tuple[Point, np.ndarray]]) -> list[Priced]:
+        """`price` of each state: those not priced yet are priced by `work`,
+        shared with the helpers, the results taken in the states' order, so
+        the prices, the best and the smallest are those of a loop over them."""
+        todo: dict[bytes, tuple[Point, np.ndarray]] = {}
+        for point, codes in states:
+            key = codes.tobytes()
+            if key not in self.prices and key not in todo:
+                todo[key] = (point, codes)
+        for (key, (point, codes)), cost in zip(todo.items(), self.helpers.map(
+                [("price", codes) for _, codes in todo.values()])):
+            self._priced(point, codes, key, cost)
+        return [self.prices[codes.tobytes()] for _, codes in states]
+
+    def work(self, task: tuple) -> Any:
+        """What the helpers share (`solver.search.forked.Helpers`), a function
+        of the task, the space and the table alone, so it runs here or in a
+        helper: ("codes", point, near): the point's codes (`codes`);
+        ("time", codes, below): a state's step time, RT and, where the RT is
+        below `below` (a number), its cost, else None, its peak not replayed;
+        ("price", codes): its cost."""
+        if task[0] == "codes":
+            _, point, near = task
+            return self.materialize.few(point, near).astype(self.table.code_dtype)
+        timed = self.table.timed(self.whole(task[1]), self.fold)
+        if task[0] == "time":
+            runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
+            below = task[2] is not None and runtime < task[2]
+            return timed.step_time_s, runtime, timed.cost() if below else None
+        return timed.cost()
+
+
+
+__all__ = ["Priced", "Pricing"]
