@@ -189,12 +189,10 @@ def main() -> int:
         rows.append(measure(path, overrides))
         print(f"{path.stem}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
     table = summary(rows, seconds, args.jobs)
     jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
-    print(table + "\n\n" + details(rows))
+    # --json prints the rows in place of the tables; the tables are still written where asked.
+    print(json.dumps(rows, indent=2) if args.json else table + "\n\n" + details(rows))
     if args.write_readme:
         write_table("auto-vs-expert", table)
     if args.write_docs:
