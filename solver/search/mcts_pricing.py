@@ -175,6 +175,8 @@ class Pricing:
             runtimes = list(estimates)
             for k, rt in zip(todo, timed):
                 runtimes[k] = rt
+            if binds:  # as the timed ones below here's C were: priced in one batch, shared with the helpers
+                self.price_all([candidates[k] for k, e in enumerate(estimates) if e is not None and e < here[1]])
         improving = [rt < here[1] for rt in runtimes]
         # One at a time (here, not in a helper: the first usually fits), so that what is priced does not
         # depend on the jobs.
