@@ -335,6 +335,18 @@ class CostTable:
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         return TimedPlan(make_cost(by_kind, 0, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops), run)
 
+    def peak_bytes(self, plan: np.ndarray, fold: TableFold | None = None) -> int:
+        """The plan's peak memory alone (`timed(plan, fold).cost()`'s), its
+        compute and kernels not priced: what a search that knows the plan's
+        times already needs (`solver.search.mcts_pricing`, "Deltas")."""
+        codes = np.append(np.asarray(plan, dtype=np.int64), 0)  # the sentinel I-class
+        if fold is not None and not fold.holds(codes):
+            fold = None
+        run = Walk(self, codes)
+        run.partial_sums()
+        run.communication(Counter(), fold)
+        return run.peak_memory_bytes()
+
     def fold(self, iclass_rep: np.ndarray) -> TableFold:
         """This table's ops, kernels and uses by orbit, for plans whose codes
         are constant on the I-class orbits `iclass_rep` gives (per I-class a

@@ -1,4 +1,4 @@
-"""The MCTS's deltas (`solver.search.mcts`, module docstring "Deltas";
+"""The MCTS's deltas (`solver.search.mcts_pricing`, module docstring "Deltas";
 `solver.search.footprints`): two states with the same key give an action
 the same change of step time, the key is not trivially coarse, and a search
 that takes candidates' step times from deltas returns the plans of one
@@ -82,8 +82,10 @@ def test_a_search_with_deltas_returns_the_plans_of_one_that_times_every_candidat
     timed, estimated = runs[False], runs[True]
     assert estimated.best[0].cost == timed.best[0].cost
     assert timed.estimated == 0
-    if memory is None:  # where nothing fits, every candidate is priced whole: no delta stands for one
+    if memory is None:
         assert estimated.estimated > 0
+    else:  # states that do not fit: the candidates a delta gives a step time are replayed for their peak alone
+        assert estimated.peaks and not timed.peaks
     if estimated.estimated:
         assert len(estimated.timed) + len(estimated.prices) < len(timed.timed) + len(timed.prices)
 
@@ -94,3 +96,32 @@ def test_the_report_counts_the_candidates_deltas_gave():
     report = solve(space, table, MctsOptions(iterations=300, min_dims=0)).report.to_json()
     assert report["estimated"] > 0
     assert solve(space, table, MctsOptions(iterations=300, min_dims=0, deltas=False)).report.to_json()["estimated"] == 0
+
+
+@pytest.mark.parametrize("name,kwargs,mesh,zero", DELTA_CASES, ids=DELTA_IDS)
+def test_the_peak_alone_is_the_priced_peak(name, kwargs, mesh, zero):
+    """`CostTable.peak_bytes` (what a state whose step time a delta gave is
+    replayed for) equals the peak of the whole price, folded or not."""
+    from solver.search.keys import IClassKeys
+
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=zero)
+    fold = table.fold(IClassKeys(space).representatives())
+    moves, _ = actions(space, 0)
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(20):
+        point = Point(frozenset(), ())
+        for _ in range(rng.randint(0, 5)):
+            valid = [a for a in moves if statically_valid(point, a, space)]
+            if not valid:
+                break
+            point = successor(point, rng.choice(valid))
+        codes = space.codes(point)
+        try:
+            whole = table.timed(codes).cost().peak_memory_bytes
+        except LoweringError:
+            continue
+        assert table.peak_bytes(codes) == whole
+        assert table.peak_bytes(codes, fold) == whole
+        checked += 1
+    assert checked >= 10

@@ -347,8 +347,7 @@ class _Mcts(Pricing):
             steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
             keys = [self.footprints.key(point, a) for a, _ in steps] if self.footprints is not None else None
             runtime = self.prices[codes.tobytes()].runtime
-            # Where here does not fit, every candidate is priced whole: no estimate stands for one.
-            estimates = None if keys is None or here[0] else \
+            estimates = None if keys is None else \
                 [self.estimate(key, after, runtime) for key, (_, (_, after)) in zip(keys, steps)]
             chosen, improves, binds = self.step([after for _, after in steps], here, binds, estimates)
             if keys is not None:

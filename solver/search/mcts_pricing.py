@@ -28,13 +28,15 @@ change of step time from a state, its delta, depends only on the state's
 decisions whose footprints meet its own. Every candidate a descent times or
 prices leaves its delta under that key (`Footprints.key`); a later
 candidate with the same key takes its RT as the state's RT plus the delta,
-neither timed nor priced (the report's `estimated`), where the step only
-needs RTs (here fits; one that replays a candidate for memory prices it
-whole). Exact up to the rounding of the sums: every estimate a later
-timing checks agrees within 1e-9 (`delta_misses`, none on the bundled
-specs). unet: 15,324 -> 4,686 timings, the same plan; llama2_70b and
-mixtral_8x7b, whose steps mostly replay memory, 3,645 -> 2,263 and
-8,843 -> 5,305.
+neither timed nor priced (the report's `estimated`). Where the step
+needs its memory too (here does not fit), it is replayed for its peak
+alone (`CostTable.peak_bytes`, `ranks`: its compute and kernels not
+priced), and only the candidate taken is priced whole. Exact up to the
+rounding of the sums: every estimate a later timing checks agrees within
+1e-9 (`delta_misses`, none on the bundled specs). unet: 15,324 -> 4,686
+timings, the same plan; mixtral_8x7b, whose steps mostly start from
+states that do not fit, 8,843 -> 5,319 timings and 7,657 -> 5,208 whole
+prices (the other 2,400 replayed for their peak alone), the same plan.
 
 Pricing uses the tabulated cost (`costmodel.table.CostTable`) of the
 state's codes (`SearchSpace.codes`): no IR is built until the end, when the
@@ -64,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.evaluate import MEMORY_PENALTY, Assessment, Cost, evaluate, ideal_step_time_s
 from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search.footprints import Footprints
@@ -105,6 +107,7 @@ class Pricing:
         self.codes_of: dict[Point, np.ndarray] = {}
         self.prices: dict[bytes, Priced] = {}
         self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
+        self.peaks: dict[bytes, int] = {}  # plans whose RT a delta gave: their peak alone (`ranks`)
         self.helpers: Helpers = Helpers(self.work, 1)  # `mcts.solve` opens the option's processes
         # The decisions' footprints, for deltas that stand for a candidate's timing (module docstring).
         self.footprints = Footprints(space, table) if options.deltas else None
@@ -163,9 +166,11 @@ class Pricing:
         candidate, its RT where a delta gives it (`descend`), which stands
         for its timing (None: timed)."""
         if here[0]:
-            ranks = [p.rank for p in self.price_all(candidates)]
+            ranks = self.ranks(candidates, estimates)
             improving = [r < here for r in ranks]
             best = min((k for k, r in enumerate(ranks) if improving[k]), key=ranks.__getitem__, default=None)
+            if best is not None:
+                self.price(*candidates[best])  # the next state: priced whole
             return best, improving, binds
         if estimates is None or all(e is None for e in estimates):
             runtimes = self.runtimes(candidates, here[1] if binds else None)
@@ -184,6 +189,35 @@ class Pricing:
             if self.price(*candidates[k]).cost.fits:
                 return k, improving, n > 0
         return None, improving, True
+
+    def ranks(self, states: list[tuple[Point, np.ndarray]],
+              estimates: list[float | None] | None) -> list[tuple[bool, float]]:
+        """Each state's rank: priced whole, but where an estimate gives its RT,
+        from that and its peak alone (`CostTable.peak_bytes`, kept in `peaks`:
+        its compute and kernels not priced). The work is `work`'s, shared with
+        the helpers, in the states' order."""
+        estimates = estimates or [None] * len(states)
+        peaks = {key: (point, codes) for (point, codes), rt in zip(states, estimates)
+                 if rt is not None and (key := codes.tobytes()) not in self.prices and key not in self.peaks}
+        for (key, (point, codes)), peak in zip(peaks.items(), self.helpers.map(
+                [("peak", codes) for _, codes in peaks.values()])):
+            self.peaks[key] = peak
+            if self.smallest is None or peak < self.smallest[0]:
+                self.smallest = (peak, point, codes)
+        self.price_all([state for state, rt in zip(states, estimates) if rt is None])
+        out = []
+        for (_, codes), rt in zip(states, estimates):
+            key = codes.tobytes()
+            priced = self.prices.get(key)
+            if priced is not None:
+                out.append(priced.rank)
+                continue
+            self.fastest_s = min(self.fastest_s, rt * self.baseline.step_time_s)
+            peak = self.peaks[key]
+            over = peak - self.table.hardware.capacity_bytes
+            overflow = MEMORY_PENALTY * over / self.baseline.peak_memory_bytes if over > 0 else 0.0
+            out.append((over > 0, rt + overflow))
+        return out
 
     def runtimes(self, states: list[tuple[Point, np.ndarray]], below: float | None = None) -> list[float]:
         """Each state's RT: from its price, or timed (kept in `timed`, its
@@ -252,10 +286,12 @@ class Pricing:
         helper: ("codes", point, near): the point's codes (`codes`);
         ("time", codes, below): a state's step time, RT and, where the RT is
         below `below` (a number), its cost, else None, its peak not replayed;
-        ("price", codes): its cost."""
+        ("price", codes): its cost; ("peak", codes): its peak memory alone."""
         if task[0] == "codes":
             _, point, near = task
             return self.materialize.few(point, near).astype(self.table.code_dtype)
+        if task[0] == "peak":
+            return self.table.peak_bytes(self.whole(task[1]), self.fold)
         timed = self.table.timed(self.whole(task[1]), self.fold)
         if task[0] == "time":
             runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
