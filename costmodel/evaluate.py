@@ -237,6 +237,14 @@ def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:
     return total / devices
 
 
+def relative_memory_overflow(peak_bytes: int, capacity_bytes: float, baseline_peak_bytes: int,
+                    penalty: float = MEMORY_PENALTY) -> float:
+    """TOAST's MP(s): the bytes over capacity, relative to the unpartitioned
+    program's peak, times the penalty; 0 for a plan that fits."""
+    over = peak_bytes - capacity_bytes
+    return penalty * over / baseline_peak_bytes if over > 0 else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Assessment:
     """A plan's cost next to the unpartitioned program's: what reports show
@@ -257,8 +265,8 @@ class Assessment:
 
     @property
     def memory_overflow(self) -> float:
-        over = self.cost.peak_memory_bytes - self.cost.capacity_bytes
-        return self.memory_penalty * over / self.baseline.peak_memory_bytes if over > 0 else 0.0
+        return relative_memory_overflow(self.cost.peak_memory_bytes, self.cost.capacity_bytes,
+                                        self.baseline.peak_memory_bytes, self.memory_penalty)
 
     @property
     def relative_cost(self) -> float:

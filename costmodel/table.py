@@ -320,12 +320,7 @@ class CostTable:
         `fold` (made by `fold`), priced by orbit where the plan's codes are
         constant on its I-class orbits: the same figures
         (`costmodel.table_fold`)."""
-        codes = self.codes(plan) if isinstance(plan, FactorSharding) else np.asarray(plan, dtype=np.int64)
-        if codes.shape != (len(self.nda.iclasses),):
-            raise IRError(f"expected {len(self.nda.iclasses)} I-class codes, got shape {codes.shape}")
-        codes = np.append(codes, 0)  # the sentinel I-class
-        if fold is not None and not fold.holds(codes):
-            fold = None
+        codes, fold = self._plan_codes(plan, fold)
         by_kind: Counter[str] = Counter()
         flops = self._compute(codes, by_kind, fold)
         run = Walk(self, codes)
@@ -335,17 +330,20 @@ class CostTable:
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         return TimedPlan(make_cost(by_kind, 0, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops), run)
 
-    def peak_bytes(self, plan: np.ndarray, fold: TableFold | None = None) -> int:
+    def peak_bytes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> int:
         """The plan's peak memory alone (`timed(plan, fold).cost()`'s), its
         compute and kernels not priced: what a search that knows the plan's
         times already needs (`solver.search.mcts_pricing`, "Deltas")."""
-        codes = np.append(np.asarray(plan, dtype=np.int64), 0)  # the sentinel I-class
-        if fold is not None and not fold.holds(codes):
-            fold = None
-        run = Walk(self, codes)
-        run.partial_sums()
-        run.communication(Counter(), fold)
-        return run.peak_memory_bytes()
+        codes, fold = self._plan_codes(plan, fold)
+        return self._walk(codes, True, fold).peak_memory_bytes()
+
+    def _plan_codes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None) -> tuple[np.ndarray, Any]:
+        """A plan's codes with the sentinel I-class's, and the fold where it holds for them (else None)."""
+        codes = self.codes(plan) if isinstance(plan, FactorSharding) else np.asarray(plan, dtype=np.int64)
+        if codes.shape != (len(self.nda.iclasses),):
+            raise IRError(f"expected {len(self.nda.iclasses)} I-class codes, got shape {codes.shape}")
+        codes = np.append(codes, 0)  # the sentinel I-class
+        return codes, fold if fold is not None and fold.holds(codes) else None
 
     def fold(self, iclass_rep: np.ndarray) -> TableFold:
         """This table's ops, kernels and uses by orbit, for plans whose codes
@@ -376,11 +374,11 @@ class CostTable:
         local = global_bytes // groups
         return local if fold is None else local[fold.value_class]
 
-    def _walk(self, codes: np.ndarray, communication: bool) -> Walk:
+    def _walk(self, codes: np.ndarray, communication: bool, fold: TableFold | None = None) -> Walk:
         run = Walk(self, codes)
         run.partial_sums()
         if communication:
-            run.communication(Counter())
+            run.communication(Counter(), fold)
         return run
 
     # ------------------------------------------------------------ compute terms

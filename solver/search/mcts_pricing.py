@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.evaluate import MEMORY_PENALTY, Assessment, Cost, evaluate, ideal_step_time_s
+from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s, relative_memory_overflow
 from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search.footprints import Footprints
@@ -172,16 +172,12 @@ class Pricing:
             if best is not None:
                 self.price(*candidates[best])  # the next state: priced whole
             return best, improving, binds
-        if estimates is None or all(e is None for e in estimates):
-            runtimes = self.runtimes(candidates, here[1] if binds else None)
-        else:
-            todo = [k for k, e in enumerate(estimates) if e is None]
-            timed = self.runtimes([candidates[k] for k in todo], here[1] if binds else None)
-            runtimes = list(estimates)
-            for k, rt in zip(todo, timed):
-                runtimes[k] = rt
-            if binds:  # as the timed ones below here's C were: priced in one batch, shared with the helpers
-                self.price_all([candidates[k] for k, e in enumerate(estimates) if e is not None and e < here[1]])
+        runtimes = list(estimates or [None] * len(candidates))
+        todo = [k for k, rt in enumerate(runtimes) if rt is None]
+        for k, rt in zip(todo, self.runtimes([candidates[k] for k in todo], here[1] if binds else None)):
+            runtimes[k] = rt
+        if binds:  # those a delta gave below here's C, as the timed ones were: in one batch, with the helpers
+            self.price_all([candidates[k] for k, rt in enumerate(estimates or ()) if rt is not None and rt < here[1]])
         improving = [rt < here[1] for rt in runtimes]
         # One at a time (here, not in a helper: the first usually fits), so that what is priced does not
         # depend on the jobs.
@@ -213,10 +209,9 @@ class Pricing:
                 out.append(priced.rank)
                 continue
             self.fastest_s = min(self.fastest_s, rt * self.baseline.step_time_s)
-            peak = self.peaks[key]
-            over = peak - self.table.hardware.capacity_bytes
-            overflow = MEMORY_PENALTY * over / self.baseline.peak_memory_bytes if over > 0 else 0.0
-            out.append((over > 0, rt + overflow))
+            peak, capacity = self.peaks[key], self.table.hardware.capacity_bytes
+            overflow = relative_memory_overflow(peak, capacity, self.baseline.peak_memory_bytes)
+            out.append((peak > capacity, rt + overflow))
         return out
 
     def runtimes(self, states: list[tuple[Point, np.ndarray]], below: float | None = None) -> list[float]:
