@@ -243,7 +243,7 @@ def test_the_least_peak_bound_is_below_every_plan_and_tight():
 @pytest.mark.parametrize("solver", ["cpsat", "mcts"])
 def test_a_remat_program_that_cannot_fit_is_not_even_analyzed(monkeypatch, solver):
     # Three layers at 2.5 MB: the bound is 4.30 MB as written, 3.03 MB with every other layer
-    # rematerialized and 1.76 MB with every layer. The remat search tells the second from its program
+    # rematerialized and 1.76 MB with every layer. The planner tells the first two from their programs
     # alone, before the analysis and the search; the answer is the one the searches give.
     import solver.planning.planner as planner
 
@@ -253,11 +253,11 @@ def test_a_remat_program_that_cannot_fit_is_not_even_analyzed(monkeypatch, solve
     monkeypatch.setattr(planner, "analyze", lambda fn, *args: analyzed.append(len(fn.ops)) or real(fn, *args))
     skipped = plan_spec(parse_spec(text), solver)
     assert skipped.remat == ("layers.*",) and skipped.assessment.cost.fits
-    assert len(analyzed) == 2  # as written (the first search's program) and every layer
+    assert len(analyzed) == 1  # every layer's program alone
     assert dict(skipped.remat_tried)[("layers.*[02468]",)] is None
     monkeypatch.setattr(planner, "unfit", lambda *args: None)
     searched = plan_spec(parse_spec(text), solver)
-    assert len(analyzed) == 2 + 3
+    assert len(analyzed) == 1 + 3
     assert skipped.remat_tried == searched.remat_tried
     assert skipped.plan == searched.plan and skipped.remat == searched.remat
     assert skipped.assessment.cost.step_time_s == searched.assessment.cost.step_time_s
@@ -286,3 +286,36 @@ def test_a_program_that_cannot_fit_is_not_searched_and_nothing_changes(monkeypat
     monkeypatch.undo()
     with pytest.raises(NoPlanFits, match="every plan's peak is at least 2.87 MiB \\(the program's live bytes"):
         plan_spec(parse_spec(FALLBACK.replace("MEMORY", "1MB")), solver)
+
+
+def test_a_named_schedule_no_plan_of_whose_program_fits_is_not_priced_for_the_floor(monkeypatch):
+    # At 2.5 MB no plan of the program as written fits (its bound is 3.01 MB): its named schedule cannot
+    # be the floor, so the floor neither analyzes that program nor prices the schedule, and says why;
+    # the floor's best and the answer are the ones it gives when it prices it.
+    import solver.planning.planner as planner
+
+    text = FALLBACK.replace("MEMORY", "2.5MB") + """schedules:
+  DP:
+    tactics:
+      - {manual: {axis: x, values: {batch.tokens: 0}}}
+  DP+R:
+    extends: DP
+    tactics:
+      - remat: {values: ["layers.*"]}
+"""
+    analyzed = []
+    real = planner.analyze
+    monkeypatch.setattr(planner, "analyze", lambda fn, *args: analyzed.append(len(fn.ops)) or real(fn, *args))
+    skipped = plan_spec(parse_spec(text), "mcts")
+    dp, dp_r = skipped.floor.experts
+    assert (dp.schedule, dp.step_time_s, dp.fits) == ("DP", None, False)
+    assert dp.error.startswith("no plan fits: 2.38 MiB per device")
+    assert dp_r.fits and skipped.floor.best is dp_r
+    assert len(analyzed) == 2  # the recomputed programs (every other layer, every layer) alone
+    monkeypatch.setattr(planner, "unfit", lambda *args: None)
+    priced = plan_spec(parse_spec(text), "mcts")
+    assert len(analyzed) == 2 + 3  # and the program as written
+    dp_priced = priced.floor.experts[0]
+    assert dp_priced.step_time_s is not None and not dp_priced.fits and not dp_priced.error
+    assert priced.floor.best.schedule == "DP+R" and priced.floor.best.step_time_s == dp_r.step_time_s
+    assert priced.plan == skipped.plan and priced.remat == skipped.remat

@@ -44,7 +44,7 @@ class Expert:
     peak_memory_bytes: int | None
     fits: bool
     plan: Plan | None
-    error: str = ""  # why it could not be planned
+    error: str = ""  # why it was not priced: it could not be planned, or no plan of its program fits
 
     def to_json(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "remat": list(self.remat), "step_time_s": self.step_time_s,
@@ -85,20 +85,29 @@ def manual_schedules(spec: Spec) -> list[str]:
     return [name for name in spec.schedules if not any(isinstance(t, Auto) for t in spec.tactics(name))]
 
 
-def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table=None, pipeline=None) -> Floor:
+def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table=None, pipeline=None,
+                 unfit=None) -> Floor:
     """Price every manual named schedule of `spec` (module docstring).
     `prepare(remat)` gives the program with those layers rematerialized
     (`planner.prepare`, memoized by the caller); `table(remat, hardware)`, if
     given, its cost table (the planner's, which the search then reuses);
     `pipeline(remat, plan, options)`, if given, a pipelined spec's step
     time, peak memory and whether it fits under a plan (the planner's:
-    memoized, or known from the mesh screen)."""
+    memoized, or known from the mesh screen); `unfit(remat)`, if given, why
+    no plan of that program fits, else None (`planner.unfit`): a schedule
+    of such a program cannot be the floor, so it is not priced (its program
+    neither analyzed nor tabulated: llama2_70b's without recomputation,
+    about 4 s) and its `error` says why."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
     experts = []
     for name in manual_schedules(spec):
         remat = spec.remat(name)
+        why = unfit(remat) if unfit is not None and not spec.pipelined else None
+        if why is not None:
+            experts.append(Expert(name, remat, None, None, False, None, why))
+            continue
         try:
             prepared = prepare(remat)
             pins = [Pin(prepared.model.pinned)] if prepared.model.pinned else []  # as `planner._schedule`

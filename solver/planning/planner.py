@@ -174,7 +174,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options, programs.table, programs.figures)
+        experts = expert_floor(spec, programs, options, programs.table, programs.figures, programs.unfit)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     if hint is not None:
@@ -220,6 +220,7 @@ class _Programs:
         self.prices: dict[tuple, PipelineCost] = {}  # (remat, plan, options) -> priced
         self.known = {(p.remat, p.plan, p.microbatches): p for p in known}  # priced elsewhere (`plan_spec`)
         self.models: dict[tuple[str, ...], tuple[Model, float]] = {}  # built, not yet analyzed (`model`)
+        self.unfits: dict[tuple[str, ...], str | None] = {}  # why no plan fits, or None (`unfit`)
 
     def pipelined(self, remat: tuple[str, ...], plan: Plan,
                   options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:
@@ -278,6 +279,15 @@ class _Programs:
             self.models[remat] = (model, time.perf_counter() - start)
         return self.models[remat][0]
 
+    def unfit(self, remat: tuple[str, ...]) -> str | None:
+        """Why no plan of the program fits, or None where one may (`unfit`,
+        on the hardware the search sees), known before it is analyzed."""
+        if remat not in self.unfits:
+            spec = self.spec
+            self.unfits[remat] = unfit(self.model(remat).function, spec.sharding_mesh().num_devices,
+                                       search_hardware(spec, spec.hardware_obj()))
+        return self.unfits[remat]
+
     def table(self, remat: tuple[str, ...], hardware) -> Any:
         from costmodel.table import CostTable
 
@@ -321,13 +331,11 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
     fits is kept (the fewer layers recomputed on a tie)."""
     tried: list[tuple[tuple[str, ...], Planned | None]] = [((), plain)]
     failures = [f"{no_fit}"] if no_fit else []
-    mesh, hardware = spec.sharding_mesh(), search_hardware(spec, spec.hardware_obj())
     for choice in REMAT_CHOICES:
         try:
-            model = programs.model(choice)
+            why = programs.unfit(choice)
         except SpecError:  # a program without repeated layers to recompute
             break
-        why = unfit(model.function, mesh.num_devices, hardware)
         if why is not None:  # neither analyzed nor searched (the search would say the same)
             tried.append((choice, None))
             failures.append(f"with {', '.join(choice)} rematerialized: {why}")
@@ -355,11 +363,16 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
     """One schedule on the program with `remat` rematerialized; `hints`: per
     program (its remat), a plan of it for the search to start from, before
     the schedule's own manual plan."""
+    tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(),
+                                      programs.model(remat).pinned)
+    searched = [k for k, tactic in enumerate(tactics) if isinstance(tactic, Auto)]
+    why = programs.unfit(remat) if searched else None
+    if why is not None:  # no search where no plan can fit, and the program is not analyzed for one
+        raise NoPlanFits(f"schedule.{searched[0]}.auto: {why}")
     prepared = programs(remat)
     model, nda = prepared.model, prepared.nda
     planning = search_nda(spec, model, nda)  # the batch as a microbatch's plans split it
     seconds = dict(prepared.seconds)
-    tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(), model.pinned)
     options = _with_ring(spec, tactics, options)
     t0 = time.perf_counter()
     mesh, hardware = spec.sharding_mesh(), spec.hardware_obj()
@@ -497,13 +510,11 @@ class _Search:
         self.reports: list[Any] = []
         self._table = None
         self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
-        self._least_peak: int | None = None
 
     def __call__(self, plan: Plan, auto: Auto, where: str) -> Plan:
         from costmodel.table import CostTable
         from solver.search.space import SearchSpace
 
-        self._check_some_plan_may_fit(where)
         if self._table is None:
             self._table = self.make_table() if self.make_table is not None else \
                 CostTable(self.model.function, self.nda, self.mesh, self.hardware)
@@ -533,14 +544,6 @@ class _Search:
         if result.plan is None:
             raise NoPlanFits(f"{where}: {result.report.message}")
         return result.plan
-
-    def _check_some_plan_may_fit(self, where: str) -> None:
-        """No search where no plan can fit (`unfit`)."""
-        if self._least_peak is None:
-            self._least_peak = min_peak_memory_bytes(self.model.function, self.mesh.num_devices)
-        why = unfit(self.model.function, self.mesh.num_devices, self.hardware, self._least_peak)
-        if why is not None:
-            raise NoPlanFits(f"{where}: {why}")
 
     def _start(self, space) -> Any:
         """The hint as a point of `space` (its nearest: `SearchSpace.point_of`), or None."""

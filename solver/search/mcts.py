@@ -345,13 +345,9 @@ class _Mcts(Pricing):
         candidates, binds = self.allowed(point, avoid), False
         while point.size < self.options.max_depth:
             steps = [(a, after) for a, after in zip(candidates, self.children(point, codes, candidates)) if after]
-            keys = [self.footprints.key(point, a) for a, _ in steps] if self.footprints is not None else None
-            runtime = self.prices[codes.tobytes()].runtime
-            estimates = None if keys is None else \
-                [self.estimate(key, after, runtime) for key, (_, (_, after)) in zip(keys, steps)]
+            keys, estimates = self.estimates(point, codes, steps)
             chosen, improves, binds = self.step([after for _, after in steps], here, binds, estimates)
-            if keys is not None:
-                self.learn(keys, [after for _, (_, after) in steps], runtime, estimates or [None] * len(keys))
+            self.learn(point, codes, steps, keys, estimates)
             if chosen is None:
                 break
             improving = [action for (action, _), better in zip(steps, improves) if better]

@@ -120,11 +120,15 @@ def _savings(search: Any, point: Point, codes: np.ndarray, avoid: Pair, cost: An
     that save the most bytes per second added (a saving at no cost first)."""
     actions = search.allowed(point, avoid)
     steps = [(a, after) for a, after in zip(actions, search.children(point, codes, actions)) if after is not None]
+    # Each step's time from its delta where one is known, and then its peak alone (`Pricing.figures`).
+    keys, estimates = search.estimates(point, codes, steps)
+    figures = search.figures([after for _, after in steps], estimates)
+    search.learn(point, codes, steps, keys, estimates)
     items = []
-    for (action, _), priced in zip(steps, search.price_all([after for _, after in steps])):
-        saved = cost.peak_memory_bytes - priced.cost.peak_memory_bytes
+    for (action, _), (step_time_s, peak_bytes) in zip(steps, figures):
+        saved = cost.peak_memory_bytes - peak_bytes
         if saved > 0:
-            items.append((priced.cost.step_time_s - cost.step_time_s, saved, action))
+            items.append((step_time_s - cost.step_time_s, saved, action))
     items.sort(key=lambda item: (item[0] / item[1], -item[1]))
     return items[:_REFIT_ITEMS]
 

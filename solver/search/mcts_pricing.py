@@ -232,28 +232,52 @@ class Pricing:
             out.append(self.timed[codes.tobytes()] if priced is None else priced.runtime)
         return out
 
-    def estimate(self, key: tuple, codes: np.ndarray, runtime: float) -> float | None:
-        """A step's RT: exact where it was timed or priced, else from its delta
-        (`deltas`) and the RT `runtime` of the state it leaves; None if neither."""
-        exact = self.exact_runtime(codes)
-        if exact is not None:
-            return exact
-        delta = self.deltas.get(key)
-        return None if delta is None else runtime + delta
+    def estimates(self, point: Point, codes: np.ndarray, steps: list[tuple[Any, tuple[Point, np.ndarray]]]
+                  ) -> tuple[list[tuple] | None, list[float | None] | None]:
+        """Per step (action, state after it) from the priced state (`point`,
+        `codes`): its `Footprints.key`, and its RT where that is known: exact
+        where it was timed or priced, else the state's RT plus the key's
+        delta (`deltas`), None if neither. (None, None) without deltas."""
+        if self.footprints is None:
+            return None, None
+        runtime = self.prices[codes.tobytes()].runtime
+        keys = [self.footprints.key(point, action) for action, _ in steps]
+        out: list[float | None] = []
+        for key, (_, (_, after)) in zip(keys, steps):
+            exact = self.exact_runtime(after)
+            delta = self.deltas.get(key) if exact is None else None
+            out.append(exact if exact is not None else None if delta is None else runtime + delta)
+        return keys, out
 
-    def learn(self, keys: list[tuple], after: list[np.ndarray], runtime: float,
-              estimates: list[float | None]) -> None:
-        """Keep the delta of each step a descent timed or priced (`deltas`),
-        from a state of RT `runtime`; an estimate its exact RT disagrees with
-        is counted (`delta_misses`: none, where the footprints are right)."""
-        for key, codes, estimate in zip(keys, after, estimates):
-            exact = self.exact_runtime(codes)
+    def learn(self, point: Point, codes: np.ndarray, steps: list[tuple[Any, tuple[Point, np.ndarray]]],
+              keys: list[tuple] | None, estimates: list[float | None] | None) -> None:
+        """Keep the delta of each step (`estimates`'s) now timed or priced
+        (`deltas`); an estimate its exact RT disagrees with is counted
+        (`delta_misses`: none, where the footprints are right)."""
+        if keys is None:
+            return
+        runtime = self.prices[codes.tobytes()].runtime
+        for key, (_, (_, after)), estimate in zip(keys, steps, estimates or [None] * len(keys)):
+            exact = self.exact_runtime(after)
             if exact is None:
                 self.estimated += estimate is not None  # neither timed nor priced
                 continue
             if estimate is not None and abs(exact - estimate) > 1e-9 * abs(exact):
                 self.delta_misses += 1
             self.deltas[key] = exact - runtime
+
+    def figures(self, states: list[tuple[Point, np.ndarray]],
+                estimates: list[float | None] | None) -> list[tuple[float, int]]:
+        """Each state's step time and peak memory, as `ranks` prices them
+        (where an estimate gives its RT, its peak alone)."""
+        self.ranks(states, estimates)
+        out = []
+        for (_, codes), rt in zip(states, estimates or [None] * len(states)):
+            key = codes.tobytes()
+            priced = self.prices.get(key)
+            out.append((priced.cost.step_time_s, priced.cost.peak_memory_bytes) if priced is not None else
+                       (rt * self.baseline.step_time_s, self.peaks[key]))
+        return out
 
     def exact_runtime(self, codes: np.ndarray) -> float | None:
         """A state's RT where it was priced or timed, else None."""
