@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from costmodel.fusion import FUSION, Fusion, fuse, fused_time_s, kernel_members, unfused
 from costmodel.hardware import Hardware
 from ir import ops
-from ir.core import Attrs, Function, Mesh, TensorType
+from ir.core import Attrs, Function, Mesh, Recent, TensorType
 
 COMMUNICATION = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 MEMORY_PENALTY = 10.0
@@ -209,13 +209,28 @@ def kernel_times(fn: Function, hardware: Hardware, fusion: Fusion | None = None)
     return out
 
 
+# The last programs' fused kernels and their times, per hardware: a plan's `evaluate` and its simulation
+# (`costmodel.simulate`) read the same (llama2_70b's device-local step: half a second each).
+_FUSED = Recent(2)
+
+
+def fused_kernel_times(fn: Function, hardware: Hardware) -> tuple[Fusion, tuple[tuple[str, float, int], ...]]:
+    """`fuse(fn)` and `kernel_times` of its kernels on `hardware`, made once
+    for the last few programs (read-only)."""
+    def make() -> tuple[Fusion, tuple[tuple[str, float, int], ...]]:
+        fusion = fuse(fn)
+        return fusion, tuple(kernel_times(fn, hardware, fusion))
+
+    return _FUSED.get((fn,), hardware.model_dump_json(), make)
+
+
 def evaluate(fn: Function, hardware: Hardware, fused: bool = True) -> Cost:
     """Step time and peak memory of a device-local program (or of a global
     program on one device); `fused=False` prices every op alone."""
     by_kind: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     flops = 0
-    kernels = kernel_times(fn, hardware, fuse(fn) if fused else unfused(fn))
+    kernels = fused_kernel_times(fn, hardware)[1] if fused else kernel_times(fn, hardware, unfused(fn))
     for kind, seconds, kernel_flops in kernels:
         by_kind[kind] += seconds
         flops += kernel_flops

@@ -59,8 +59,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import COMMUNICATION, kernel_times
-from costmodel.fusion import FUSION, fuse
+from costmodel.evaluate import COMMUNICATION, fused_kernel_times
+from costmodel.fusion import FUSION
 from costmodel.hardware import Hardware
 from ir.core import Function, Op
 
@@ -153,8 +153,7 @@ def simulate(fn: Function, hardware: Hardware, prefetch: int = DEFAULT_PREFETCH)
 
 def _kernels(fn: Function, hardware: Hardware) -> list[_Kernel]:
     """`fn`'s kernels in program order (of last ops), with their times and dependencies."""
-    fusion = fuse(fn)
-    timed = kernel_times(fn, hardware, fusion)  # in fusion.kernels order
+    fusion, timed = fused_kernel_times(fn, hardware)  # `evaluate`'s; in fusion.kernels order
     order = sorted(range(len(fusion.kernels)), key=lambda k: fusion.kernels[k][-1])
     position = {k: p for p, k in enumerate(order)}
     producer = {r: position[fusion.kernel_of[i]] for i, op in enumerate(fn.ops) for r in op.results}

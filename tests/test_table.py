@@ -153,6 +153,10 @@ def test_unsharded_plan_costs_the_global_program():
     cost = table.evaluate(np.zeros(len(nda.iclasses), dtype=np.int64))
     assert_same_cost(cost, evaluate(model.function, hardware))
     assert cost.communication_s == 0
+    # The table's baseline is that cost, fused (a yardstick made once), unless the caller gives it.
+    assert table.baseline() == evaluate(model.function, hardware) and table.baseline() is table.baseline()
+    given = evaluate(model.function, hardware, fused=False)
+    assert CostTable(model.function, nda, mesh, hardware, baseline=given).baseline() is given
 
 
 def test_codes_round_trip_and_shape_is_checked():

@@ -298,7 +298,8 @@ class _Programs:
         program, k = self(remat), self.spec.searched_microbatches
         # With K microbatches a weight's resharding runs once per microbatch (`CostTable`).
         repeats = (program.model.inputs, k) if k > 1 else None
-        table = CostTable(program.model.function, program.nda, self.spec.sharding_mesh(), hardware, repeats)
+        baseline = program.baseline if hardware == self.spec.hardware_obj() else None  # `prepare`'s, on it
+        table = CostTable(program.model.function, program.nda, self.spec.sharding_mesh(), hardware, repeats, baseline)
         tables.append((hardware, table))
         return table
 

@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s, relative_memory_overflow
+from costmodel.evaluate import Assessment, Cost, ideal_step_time_s, relative_memory_overflow
 from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search.footprints import Footprints
@@ -96,7 +96,7 @@ class Pricing:
             raise IRError(f"the search space is over {space.mesh}, the cost table over {table.mesh}")
         self.space, self.table, self.options = space, table, options
         fn, hardware = table.fn, table.hardware
-        self.baseline = evaluate(fn, hardware)
+        self.baseline = table.baseline()
         self.ideal_s = ideal_step_time_s(fn, space.mesh.num_devices, hardware)
         self.ideal_relative = self.ideal_s / self.baseline.step_time_s if self.baseline.step_time_s else 1.0
         # The space's keys name the I-classes coded alike in every point: a point's codes are made for
