@@ -44,6 +44,7 @@ def test_states_with_the_same_key_give_an_action_the_same_delta(name, kwargs, me
     rng = random.Random(0)
     by_key: dict[tuple, list[float]] = defaultdict(list)
     by_action: dict[object, set[float]] = defaultdict(set)
+    recodings: dict[tuple, set[bytes]] = defaultdict(set)  # per key: the I-classes the action recodes, and to what
     for _ in range(60):  # random walks from the root, each state's valid actions measured
         point = Point(frozenset(), ())
         for _ in range(4):
@@ -51,7 +52,11 @@ def test_states_with_the_same_key_give_an_action_the_same_delta(name, kwargs, me
             valid = [a for a in moves if statically_valid(point, a, space)]
             if here is None or not valid:
                 break
+            codes = space.codes(point)
             for action in rng.sample(valid, min(6, len(valid))):
+                after_codes = space.codes(successor(point, action))
+                changed = (after_codes != codes).nonzero()[0]
+                recodings[footprints.key(point, action)].add(changed.tobytes() + after_codes[changed].tobytes())
                 after = _step_time(table, space, successor(point, action))
                 if after is not None:
                     delta = after - here
@@ -65,6 +70,8 @@ def test_states_with_the_same_key_give_an_action_the_same_delta(name, kwargs, me
         assert max(deltas) - min(deltas) <= 1e-9 * scale + 1e-15, deltas
     # The key is needed: one action changes the step time differently from different states.
     assert any(len(changes) > 1 for changes in by_action.values())
+    # And it holds how the action recodes the state (what `_Mcts.children` patches codes by).
+    assert sum(len(r) == 1 for r in recodings.values()) >= 10 and all(len(r) == 1 for r in recodings.values())
 
 
 @pytest.mark.parametrize("name,kwargs,mesh,zero", DELTA_CASES, ids=DELTA_IDS)
@@ -88,6 +95,23 @@ def test_a_search_with_deltas_returns_the_plans_of_one_that_times_every_candidat
         assert estimated.peaks and not timed.peaks
     if estimated.estimated:
         assert len(estimated.timed) + len(estimated.prices) < len(timed.timed) + len(timed.prices)
+
+
+@pytest.mark.parametrize("name,kwargs,mesh,zero", DELTA_CASES, ids=DELTA_IDS)
+def test_children_patched_by_their_key_have_the_codes_made_afresh(name, kwargs, mesh, zero):
+    """`_Mcts.children` makes a child's codes from its parent's and the change
+    its key's first child made: each equals the codes made from the point."""
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=zero)
+    search = mcts._Mcts(space, table, MctsOptions(iterations=300, min_dims=0), SILENT)
+    search.run()
+    for (point, action), child in search.children_of.items():
+        made = search.work(("codes", successor(point, action), None))
+        if child is None:  # a no-op: the parent's codes
+            made_parent = search.work(("codes", point, None))
+            assert (made == made_parent).all()
+        else:
+            assert (child[1] == made).all()
+    assert 0 < len(search.patches) < len(search.children_of)  # keys met again: children patched
 
 
 def test_the_report_counts_the_candidates_deltas_gave():

@@ -62,6 +62,7 @@ class Footprints:
         self.num_kernels = len(kernels)
         self._bits: dict[tuple[str, int], np.ndarray] = {}  # per group or resolution class, its footprint
         self._related: dict[Any, tuple[frozenset[int], frozenset[int]]] = {}
+        self._keys: dict[tuple[Any, Any], tuple] = {}  # per (point, action): `key`'s, read by a step twice
 
     def iclasses(self, direct: list[int]) -> np.ndarray:
         """The I-classes a decision on the I-classes `direct` can recode (module
@@ -151,9 +152,13 @@ class Footprints:
         depends on: the action, and the point's decisions on the groups and
         classes related to it (`related`). Two states with the same key have
         the same delta (module docstring)."""
-        groups, classes = self.related(action)
-        return (action, tuple(sorted((pair, level) for pair, level in point.levels().items() if pair[0] in groups)),
+        known = self._keys.get((point, action))
+        if known is None:
+            groups, classes = self.related(action)
+            known = self._keys[(point, action)] = (
+                action, tuple(sorted((pair, level) for pair, level in point.levels().items() if pair[0] in groups)),
                 tuple((c, b) for c, b in point.bits if c in classes))
+        return known
 
 
 __all__ = ["Footprints"]

@@ -223,6 +223,8 @@ class _Mcts(Pricing):
         self.nodes: dict[tuple, _Node] = {}
         self.children_of: dict[tuple[Point, Action], tuple[Point, np.ndarray] | None] = {}
         self.valid_of: dict[Point, list[Action]] = {}
+        # Per delta key, how its action recodes a state: the codes it changes, and to what (`children`).
+        self.patches: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.descent_of: dict[tuple[Point, tuple[int, str] | None], tuple[Point, np.ndarray]] = {}
         self.merged = 0
         self.incumbent: Priced | None = None
@@ -254,16 +256,30 @@ class _Mcts(Pricing):
     def children(self, point: Point, codes: np.ndarray,
                  actions: list[Action]) -> list[tuple[Point, np.ndarray] | None]:
         """`child` of each action; the codes not made yet are made by `work`,
-        shared with the helpers, as a descent step's prices are."""
+        shared with the helpers, as a descent step's prices are, or, where
+        the action's delta key was met before, patched: how an action
+        recodes its I-classes depends only on the decisions its key holds
+        (`solver.search.footprints`), so the child's codes are the state's
+        with the change that key's child made (`patches`; unet: 84% of its
+        children, a fifth of its search where each was made)."""
         made = {}
         for action in actions:
             if (point, action) not in self.children_of:
                 made[action] = successor(point, action)
+        keys = {action: self.footprints.key(point, action) for action in made} if self.footprints is not None else {}
+        for action, child in made.items():
+            patch = self.patches.get(keys[action]) if keys else None
+            if patch is not None and child not in self.codes_of:
+                self.codes_of[child] = child_codes = codes.copy()
+                child_codes[patch[0]] = patch[1]
         todo = list(dict.fromkeys(c for c in made.values() if c not in self.codes_of))
         for child, child_codes in zip(todo, self.helpers.map([("codes", child, point) for child in todo])):
             self.codes_of[child] = child_codes
         for action, child in made.items():
             child_codes = self.codes_of[child]
+            if keys and keys[action] not in self.patches:
+                changed = np.flatnonzero(child_codes != codes)
+                self.patches[keys[action]] = (changed, child_codes[changed])
             self.children_of[(point, action)] = None if np.array_equal(child_codes, codes) else (child, child_codes)
         return [self.children_of[(point, action)] for action in actions]
 
