@@ -25,8 +25,9 @@ A decision of a state whose footprint is disjoint from an action's
 changes none of the terms the action changes, nor how the action recodes
 its I-classes, so the action's delta T(s + a) - T(s) depends only on the
 decisions of s whose footprints meet its own (`Footprints.key`): two states
-that agree on those give it the same delta, up to the rounding of the sum.
-tests/test_mcts_deltas.py checks this on random walks through small spaces.
+that agree on those give it the same delta, up to the rounding of the sum,
+and the same recoding (`mcts._Mcts.children` patches a child's codes by it).
+tests/test_mcts_deltas.py checks both on random walks through small spaces.
 """
 
 from __future__ import annotations
