@@ -115,3 +115,9 @@ def test_commands_run_with_fewer_collections_and_restore_the_thresholds(capsys, 
     code, _, err = shardplan(capsys, "plan", "specs/mlp.yaml")
     assert code == 1 and "no" in err
     assert seen == [(100_000, 50, 100)] and gc.get_threshold() == before
+    # A process about to end (`cli.run`) leaves them raised: restored, they start a full collection.
+    try:
+        assert cli.main(["plan", "specs/mlp.yaml"], leaving=True) == 1
+        assert gc.get_threshold() == (100_000, 50, 100)
+    finally:
+        gc.set_threshold(*before)
