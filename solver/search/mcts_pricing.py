@@ -192,6 +192,22 @@ class Pricing:
         from that and its peak alone (`CostTable.peak_bytes`, kept in `peaks`:
         its compute and kernels not priced). The work is `work`'s, shared with
         the helpers, in the states' order."""
+        capacity, baseline_peak = self.table.hardware.capacity_bytes, self.baseline.peak_memory_bytes
+        return [read.rank if isinstance(read, Priced) else
+                (read[1] > capacity, read[0] + relative_memory_overflow(read[1], capacity, baseline_peak))
+                for read in self._read(states, estimates)]
+
+    def figures(self, states: list[tuple[Point, np.ndarray]],
+                estimates: list[float | None] | None) -> list[tuple[float, int]]:
+        """Each state's step time and peak memory, as `ranks` prices them
+        (where an estimate gives its RT, its peak alone)."""
+        return [(read.cost.step_time_s, read.cost.peak_memory_bytes) if isinstance(read, Priced) else
+                (read[0] * self.baseline.step_time_s, read[1]) for read in self._read(states, estimates)]
+
+    def _read(self, states: list[tuple[Point, np.ndarray]],
+              estimates: list[float | None] | None) -> list[Priced | tuple[float, int]]:
+        """What `ranks` and `figures` read of each state: its price, or, where
+        an estimate gives its RT and it is not priced, (RT, its peak alone)."""
         estimates = estimates or [None] * len(states)
         peaks = {key: (point, codes) for (point, codes), rt in zip(states, estimates)
                  if rt is not None and (key := codes.tobytes()) not in self.prices and key not in self.peaks}
@@ -201,17 +217,13 @@ class Pricing:
             if self.smallest is None or peak < self.smallest[0]:
                 self.smallest = (peak, point, codes)
         self.price_all([state for state, rt in zip(states, estimates) if rt is None])
-        out = []
+        out: list[Priced | tuple[float, int]] = []
         for (_, codes), rt in zip(states, estimates):
             key = codes.tobytes()
             priced = self.prices.get(key)
-            if priced is not None:
-                out.append(priced.rank)
-                continue
-            self.fastest_s = min(self.fastest_s, rt * self.baseline.step_time_s)
-            peak, capacity = self.peaks[key], self.table.hardware.capacity_bytes
-            overflow = relative_memory_overflow(peak, capacity, self.baseline.peak_memory_bytes)
-            out.append((peak > capacity, rt + overflow))
+            if priced is None:
+                self.fastest_s = min(self.fastest_s, rt * self.baseline.step_time_s)
+            out.append(priced if priced is not None else (rt, self.peaks[key]))
         return out
 
     def runtimes(self, states: list[tuple[Point, np.ndarray]], below: float | None = None) -> list[float]:
@@ -244,9 +256,10 @@ class Pricing:
         keys = [self.footprints.key(point, action) for action, _ in steps]
         out: list[float | None] = []
         for key, (_, (_, after)) in zip(keys, steps):
-            exact = self.exact_runtime(after)
-            delta = self.deltas.get(key) if exact is None else None
-            out.append(exact if exact is not None else None if delta is None else runtime + delta)
+            rt = self.exact_runtime(after)
+            if rt is None and key in self.deltas:
+                rt = runtime + self.deltas[key]
+            out.append(rt)
         return keys, out
 
     def learn(self, point: Point, codes: np.ndarray, steps: list[tuple[Any, tuple[Point, np.ndarray]]],
@@ -265,19 +278,6 @@ class Pricing:
             if estimate is not None and abs(exact - estimate) > 1e-9 * abs(exact):
                 self.delta_misses += 1
             self.deltas[key] = exact - runtime
-
-    def figures(self, states: list[tuple[Point, np.ndarray]],
-                estimates: list[float | None] | None) -> list[tuple[float, int]]:
-        """Each state's step time and peak memory, as `ranks` prices them
-        (where an estimate gives its RT, its peak alone)."""
-        self.ranks(states, estimates)
-        out = []
-        for (_, codes), rt in zip(states, estimates or [None] * len(states)):
-            key = codes.tobytes()
-            priced = self.prices.get(key)
-            out.append((priced.cost.step_time_s, priced.cost.peak_memory_bytes) if priced is not None else
-                       (rt * self.baseline.step_time_s, self.peaks[key]))
-        return out
 
     def exact_runtime(self, codes: np.ndarray) -> float | None:
         """A state's RT where it was priced or timed, else None."""
