@@ -177,6 +177,7 @@ class CostTable:
         self.result_rank = np.full(len(self.values), -1, dtype=np.int64)
         returned, first = np.unique(np.array(self.result_vids, dtype=np.int64), return_index=True)
         self.result_rank[returned] = first
+        self.results_by_rank = returned[np.argsort(first)]  # each result value once, in its first place's order
 
     def _index_edges(self) -> None:
         fn, nda = self.fn, self.nda
@@ -207,6 +208,9 @@ class CostTable:
         last_user = np.full(len(self.values), -1, dtype=np.int64)
         np.maximum.at(last_user, self.edge_vid, self.edge_op)
         self.last_user = last_user
+        # The uses grouped by value, in use order within each (`Walk.peak_memory_bytes`).
+        self.uses_by_value = np.argsort(self.edge_vid, kind="stable")
+        self.value_use_start = np.concatenate([[0], np.cumsum(np.bincount(self.edge_vid, minlength=len(self.values)))])
 
     def microbatch_repeats(self, inputs: Sequence[str], microbatches: int) -> np.ndarray:
         """Per use, how often its resharding runs when the step runs as
@@ -323,14 +327,18 @@ class CostTable:
         """The cost of the program partitioned by `plan` (a FactorSharding or its codes)."""
         return self.timed(plan, fold).cost()
 
-    def timed(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> TimedPlan:
+    def timed(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None, *,
+              held: bool = False) -> TimedPlan:
         """The plan's times, its peak memory still to replay (`TimedPlan.cost`):
         a search that needs only to know the plan is no faster than one it
         has skips the replay, a quarter to a third of an evaluation. With a
         `fold` (made by `fold`), priced by orbit where the plan's codes are
         constant on its I-class orbits: the same figures
-        (`costmodel.table_fold`)."""
-        codes, fold = self._plan_codes(plan, fold)
+        (`costmodel.table_fold`). `held`: `plan` is int64 codes with the
+        sentinel's, made constant on the fold's orbits (the MCTS's,
+        `solver.search.mcts_pricing.Pricing.work`), taken as they are: the
+        copy and the check cost a sixth of a timing on 80 layers."""
+        codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
         by_kind: Counter[str] = Counter()
         flops = self._compute(codes, by_kind, fold)
         run = Walk(self, codes)
@@ -340,11 +348,13 @@ class CostTable:
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
         return TimedPlan(make_cost(by_kind, 0, flops + fused_flops, run.counts, self.hardware, kernels, fused_ops), run)
 
-    def peak_bytes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None) -> int:
+    def peak_bytes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None, *,
+                   held: bool = False) -> int:
         """The plan's peak memory alone (`timed(plan, fold).cost()`'s), its
         compute and kernels not priced: what a search that knows the plan's
-        times already needs (`solver.search.mcts_pricing`, "Deltas")."""
-        codes, fold = self._plan_codes(plan, fold)
+        times already needs (`solver.search.mcts_pricing`, "Deltas");
+        `held` as `timed`'s."""
+        codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
         return self._walk(codes, True, fold).peak_memory_bytes()
 
     def _plan_codes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None) -> tuple[np.ndarray, Any]:

@@ -90,7 +90,8 @@ def test_states_keep_their_codes_narrow_and_price_as_the_table_does():
     """The search keeps every state's codes (and keys its prices by them):
     one per key, one byte each where the mesh has under 256 axis tuples,
     every I-class's code read from them, the same prices as the table's
-    int64 codes."""
+    int64 codes; the codes the table reads (`held`) hold its fold, and the
+    table takes them unchecked with the same figures."""
     mesh = Mesh.of(batch=2, model=2)
     model, nda, table, space = setup("transformer", dict(layers=1), mesh, slow_hardware(mesh))
     search = mcts._Mcts(space, table, MctsOptions(min_dims=0), SILENT)
@@ -99,6 +100,12 @@ def test_states_keep_their_codes_narrow_and_price_as_the_table_does():
     assert codes.dtype == np.uint8 and np.array_equal(search.whole(codes), space.codes(point))
     assert len(codes) < len(nda.iclasses)
     assert search.price(point, codes).cost == table.evaluate(space.codes(point))
+    for state in (codes, search.codes(root)):
+        held = search.held(state)
+        assert held.dtype == np.int64 and np.array_equal(held, np.append(search.whole(state), 0))
+        assert search.fold.holds(held)
+        assert table.timed(held, search.fold, held=True).cost() == table.evaluate(search.whole(state))
+        assert table.peak_bytes(held, search.fold, held=True) == table.evaluate(search.whole(state)).peak_memory_bytes
 
 
 def test_actions_are_pruned_and_no_op_actions_are_invalid():

@@ -48,6 +48,9 @@ def test_a_plan_priced_by_orbit_costs_what_it_costs_whole(program, mesh_name):
     assert len(fold.edges) < len(table.edge_vid)
     assert len(fold.kernels.size) < len(table.kernels.kernels)
     assert sum(len(members) for _, members, _, _ in fold.op_groups) <= sum(len(m) for _, m, _ in table.op_groups)
+    # ... the uses of values that may hold a partial sum too (grouped by what the walk reads of them).
+    may_be_partial = np.isin(table.edge_vid, table.num_params + table.flow_levels.ops)
+    assert 0 < np.isin(fold.edges, np.flatnonzero(may_be_partial)).sum() < may_be_partial.sum()
     rng = random.Random(3)
     points = list(random_points(space, rng, 25)) + [Point(frozenset(space.variables), ())]
     cut = 0
@@ -57,7 +60,9 @@ def test_a_plan_priced_by_orbit_costs_what_it_costs_whole(program, mesh_name):
         whole, folded = table.timed(codes), table.timed(codes, fold)
         assert folded.without_peak == whole.without_peak, point  # the same figures, to the bit
         assert folded.cost() == whole.cost(), point
-        for name in ("chain_edges", "chain_index", "chain_steps"):
+        assert folded.run.end_chains == whole.run.end_chains, point
+        for name in ("chain_edges", "chain_index", "chain_steps", "reducing", "reduced_vids", "reduced_at",
+                     "is_reducing"):
             assert np.array_equal(getattr(folded.run, name), getattr(whole.run, name)), (point, name)
         cut += bool(whole.cost().collective_counts)
     assert cut > len(points) // 2  # most plans have collectives, so uses and kernels are cut

@@ -104,6 +104,8 @@ class Pricing:
         representatives = IClassKeys(space).representatives()
         self.materialize = space.folded_codes(representatives)
         self.fold = table.fold(representatives)
+        # `held`'s gather: per I-class and the sentinel, its place in a state's codes with a 0 appended.
+        self._held_read = np.append(self.materialize.read.reshape(-1), len(self.materialize.places))
         self.codes_of: dict[Point, np.ndarray] = {}
         self.prices: dict[bytes, Priced] = {}
         self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
@@ -134,6 +136,13 @@ class Pricing:
     def whole(self, codes: np.ndarray) -> np.ndarray:
         """Every I-class's code of a state's `codes`: what the table prices."""
         return self.materialize.whole(codes)
+
+    def held(self, codes: np.ndarray) -> np.ndarray:
+        """`whole` as the table reads it, the sentinel's 0 appended, int64, in one
+        gather: constant on the fold's orbits by construction (every I-class
+        takes its representative's code), so the table takes it unchecked
+        (`CostTable.timed`'s `held`)."""
+        return np.append(codes, 0).astype(np.int64)[self._held_read]
 
     def price(self, point: Point, codes: np.ndarray) -> Priced:
         return self.price_all([(point, codes)])[0]
@@ -310,8 +319,8 @@ class Pricing:
             _, point, near = task
             return self.materialize.few(point, near).astype(self.table.code_dtype)
         if task[0] == "peak":
-            return self.table.peak_bytes(self.whole(task[1]), self.fold)
-        timed = self.table.timed(self.whole(task[1]), self.fold)
+            return self.table.peak_bytes(self.held(task[1]), self.fold, held=True)
+        timed = self.table.timed(self.held(task[1]), self.fold, held=True)
         if task[0] == "time":
             runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
             below = task[2] is not None and runtime < task[2]
