@@ -393,7 +393,8 @@ def define(defined: dict[str, Value], value: Value, where: str | Callable[[], st
 
 
 def verify_op(op: Op, defined: dict[str, Value], mesh: Mesh, index: int, infer_results: Any) -> None:
-    """Check one op against the values defined so far, then define its results."""
+    """Check one op against the values defined so far, then define its
+    results; its types against `infer_results` (None: not checked)."""
 
     def where() -> str:  # only an error prints the op (a large program verifies many)
         return f"op #{index} {op.describe()}"
@@ -406,14 +407,15 @@ def verify_op(op: Op, defined: dict[str, Value], mesh: Mesh, index: int, infer_r
             raise VerifyError(
                 f"value %{operand.name} in {where()} is not the value defined under that name"
             )
-    try:
-        expected = infer_results(op.kind, tuple(o.type for o in op.operands), op.attrs, mesh)
-    except IRError as err:
-        raise VerifyError(f"{where()}: {err}") from None
-    got = tuple(r.type for r in op.results)
-    if got != expected:
-        shown = ", ".join(map(str, expected))
-        actual = ", ".join(map(str, got))
-        raise VerifyError(f"type mismatch in {where()}: declared {actual}, but {op.kind} gives {shown}")
+    if infer_results is not None:
+        try:
+            expected = infer_results(op.kind, tuple(o.type for o in op.operands), op.attrs, mesh)
+        except IRError as err:
+            raise VerifyError(f"{where()}: {err}") from None
+        got = tuple(r.type for r in op.results)
+        if got != expected:
+            shown = ", ".join(map(str, expected))
+            actual = ", ".join(map(str, got))
+            raise VerifyError(f"type mismatch in {where()}: declared {actual}, but {op.kind} gives {shown}")
     for r in op.results:
         define(defined, r, where)

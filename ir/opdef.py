@@ -370,18 +370,22 @@ def make_op(
     return Op(kind, tuple(operands), results, norm)
 
 
-def verify(fn: Function) -> Function:
+def verify(fn: Function, types: bool = True) -> Function:
     """Check SSA, straight-line order and types; return `fn` or raise VerifyError.
 
     Types are checked by re-running each op kind's shape rule from the
     registry, so the verifier and shape inference can never disagree.
+    `types=False`: SSA and order alone, for a function cut from ops whose
+    types were checked where they were made (a pipeline's tasks,
+    `ir.pipeline`: re-inferring them was a sixteenth of a 1,536-device
+    mesh search).
     """
     check_name(fn.name, "function")
     defined: dict[str, Value] = {}
     for p in fn.params:
         define(defined, p, f"parameter of @{fn.name}")
     for index, op in enumerate(fn.ops):
-        verify_op(op, defined, fn.mesh, index, _inferred)
+        verify_op(op, defined, fn.mesh, index, _inferred if types else None)
     for r in fn.results:
         if defined.get(r.name) is not r:
             raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")

@@ -397,15 +397,26 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
         total = Value(f"{t.name}.sum", t.type)
         sums.append((t, total.name))
         for scatter in reversed(scatters):
-            body.append(Op("reduce_scatter", (total,), scatter.results, scatter.attrs))
+            body.append(_typed(Op("reduce_scatter", (total,), scatter.results, scatter.attrs), fn.mesh))
             total = scatter.results[0]
         rest = tuple(a for a in op.attrs["axes"] if a != MICRO)
         if rest:
-            body.append(Op("all_reduce", (total,), op.results, op.attrs.replace(axes=rest)))
+            body.append(_typed(Op("all_reduce", (total,), op.results, op.attrs.replace(axes=rest)), fn.mesh))
         else:
             renamed[op.results[0]] = total
     body = [op for i, op in enumerate(body) if i not in moved]
     return body, [renamed.get(r, r) for r in fn.results], sums, varying
+
+
+def _typed(op: Op, mesh: Mesh) -> Op:
+    """An op `_accumulate` made anew, its declared types checked: the tasks'
+    functions check SSA alone (`_function`), every other op of theirs being
+    the lowered step's, whose types `Builder.build` checked, on the same
+    operand types (the sum over microbatches has its value's)."""
+    expected = ops.infer_results(op.kind, tuple(v.type for v in op.operands), op.attrs, mesh)
+    if expected != tuple(r.type for r in op.results):
+        raise PipelineError(f"{op.describe()}: its operands give {', '.join(map(str, expected))}")
+    return op
 
 
 def _constants(body: list[Op], results: set[Value]) -> set[int]:
@@ -518,7 +529,8 @@ def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[in
     for op in members:
         params.update((v, None) for v in op.operands if v not in inside)
     outs = [r for op in members for r in op.results if r in wanted or any(w != key for w in read_at.get(r, ()))]
-    return ops.verify(Function(name, tuple(params), tuple(members), tuple(outs), mesh))
+    # SSA and order checked; the types were, where the ops were made (`_typed`).
+    return ops.verify(Function(name, tuple(params), tuple(members), tuple(outs), mesh), types=False)
 
 
 def _as_soon_as_possible(members: list[Op]) -> list[Op]:

@@ -78,6 +78,11 @@ def test_verifier_rejects_type_mismatch():
     with pytest.raises(VerifyError, match=r"type mismatch in op #1 '%y = relu\(%h\)': declared tensor<3x8xf32>, "
                                          r"but relu gives tensor<3x7xf32>"):
         verify(Function(fn.name, fn.params, (fn.ops[0], wrong), (wrong.results[0],)))
+    # Without types (a pipeline's task, cut from ops checked where they were made): SSA and order alone.
+    mistyped = Function(fn.name, fn.params, (fn.ops[0], wrong), (wrong.results[0],))
+    assert verify(mistyped, types=False) is mistyped
+    with pytest.raises(VerifyError, match=r"value %h is used before it is defined"):
+        verify(Function(fn.name, fn.params, (wrong, fn.ops[0]), (wrong.results[0],)), types=False)
 
 
 def test_verifier_rejects_shape_errors_inside_ops():

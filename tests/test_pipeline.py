@@ -232,3 +232,19 @@ def test_rematerialized_layers_pipeline_and_stash_only_their_inputs():
     assert_pipeline_matches(remat, recomputed)
     before, after = (pipeline_cost(p, hardware).memory for p in (plain, recomputed))
     assert all(a.stash_bytes < b.stash_bytes for a, b in zip(after, before))
+
+
+def test_ops_the_sum_over_microbatches_makes_anew_have_their_types_checked():
+    """A pipeline's tasks are verified for SSA alone (`ir.pipeline._function`):
+    the ops `_accumulate` makes anew (the collectives after a sum over the
+    microbatches) have their declared types checked where they are made."""
+    from ir.core import Attrs, Op, Value, tensor
+    from ir.pipeline import _typed
+
+    mesh = Mesh.of(micro=2, model=2)
+    total = Value("g.sum", tensor([4, 6]))
+    attrs = Attrs.of({"axes": ("model",), "combiner": "sum"})
+    reduced = Op("all_reduce", (total,), (Value("g.reduced", tensor([4, 6])),), attrs)
+    assert _typed(reduced, mesh) is reduced
+    with pytest.raises(PipelineError, match="its operands give tensor<4x6xf32>"):
+        _typed(Op("all_reduce", (total,), (Value("g.reduced", tensor([2, 6])),), attrs), mesh)
