@@ -376,20 +376,35 @@ def verify(fn: Function, types: bool = True) -> Function:
     Types are checked by re-running each op kind's shape rule from the
     registry, so the verifier and shape inference can never disagree.
     `types=False`: SSA and order alone, for a function cut from ops whose
-    types were checked where they were made (a pipeline's tasks,
+    types and names were checked where they were made (a pipeline's tasks,
     `ir.pipeline`: re-inferring them was a sixteenth of a 1,536-device
-    mesh search).
+    mesh search); the ops are looked at one by one (`verify_op`) only to
+    name what is wrong.
     """
     check_name(fn.name, "function")
     defined: dict[str, Value] = {}
     for p in fn.params:
         define(defined, p, f"parameter of @{fn.name}")
     for index, op in enumerate(fn.ops):
-        verify_op(op, defined, fn.mesh, index, _inferred if types else None)
+        if types or not _defines(op, defined):
+            verify_op(op, defined, fn.mesh, index, _inferred if types else None)
     for r in fn.results:
         if defined.get(r.name) is not r:
             raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")
     return fn
+
+
+def _defines(op: Op, defined: dict[str, Value]) -> bool:
+    """Define the op's results if its operands are the values defined under
+    their names and its results' names are new; else False, nothing defined."""
+    for operand in op.operands:
+        if defined.get(operand.name) is not operand:
+            return False
+    if any(r.name in defined for r in op.results) or len({r.name for r in op.results}) != len(op.results):
+        return False
+    for r in op.results:
+        defined[r.name] = r
+    return True
 
 
 # An op's result types and factor rule follow from its kind, operand types and attributes alone,
