@@ -342,7 +342,7 @@ class CostTable:
         by_kind: Counter[str] = Counter()
         flops = self._compute(codes, by_kind, fold)
         run = Walk(self, codes)
-        run.partial_sums()
+        run.partial_sums(fold)
         run.communication(by_kind, fold)
         fused_flops, fused_kernels, fused_ops = self.kernels.evaluate(codes, run.chain_edges, by_kind, fold)
         kernels = int(len(self.fn.ops) - self.kernels.fused.sum()) + fused_kernels + run.steps
@@ -396,7 +396,7 @@ class CostTable:
 
     def _walk(self, codes: np.ndarray, communication: bool, fold: TableFold | None = None) -> Walk:
         run = Walk(self, codes)
-        run.partial_sums()
+        run.partial_sums(fold)
         if communication:
             run.communication(Counter(), fold)
         return run

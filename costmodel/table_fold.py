@@ -62,7 +62,8 @@ class KernelOrbits:
 
 class TableFold:
     """One cost table's ops, kernels and uses by orbit under a partition of
-    its I-classes (module docstring). Read-only once made."""
+    its I-classes (module docstring). Read-only once made, but for the
+    answers of the walk over partial sums it keeps (`partial_memo`)."""
 
     def __init__(self, table: Any, iclass_rep: np.ndarray) -> None:
         t = table
@@ -81,7 +82,15 @@ class TableFold:
         # Uses: by (type, the representatives of the value's and the use's dimensions, how often it runs
         # a step), and of a value that may hold a partial sum, by its group and place (module docstring).
         ev = t.edge_vid
-        partial_orbit, partial_rep, self.value_rep = _partial_orbits(t, rep)
+        walk_class = _walk_classes(t, rep)
+        partial_orbit, partial_rep, self.value_rep = _partial_orbits(t, rep, walk_class)
+        # The walk over partial sums by class: each walked op has its class's first op's answer.
+        walked = t.flow_levels
+        _, first_row, row_class = np.unique(walk_class[walked.values], return_index=True, return_inverse=True)
+        rep_row = first_row[row_class.reshape(-1)]
+        self.flow_levels = walked.folded(t, rep_row)
+        self.walk_values = walked.values[rep_row]  # per walked value, the value whose answer it has
+        self.partial_memo: dict[bytes, tuple] = {}  # `Walk.partial_sums`'s answers with this fold
         rows = np.column_stack([partial_orbit, t.type_id[ev], rep[t.def_ic[ev]], rep[t.use_ic], t.edge_repeat])
         _, first, orbit = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         orbit = orbit.reshape(-1)
@@ -154,12 +163,11 @@ def _walk_classes(t: Any, rep: np.ndarray) -> np.ndarray:
     return walk_class
 
 
-def _partial_orbits(t: Any, rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _partial_orbits(t: Any, rep: np.ndarray, walk_class: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The orbits of the uses of values that may hold a partial sum (module
     docstring): per use, its orbit (-1 for the others' uses); per orbit,
     the use that represents it (its group's first value's); per value, its
-    group's first value (itself for the others)."""
-    walk_class = _walk_classes(t, rep)
+    group's first value (itself for the others). `walk_class`: `_walk_classes`'s."""
     op_class = walk_class[t.num_params:-1]
     value_rep = np.arange(len(t.values), dtype=np.int64)
     partial_orbit = np.full(len(t.edge_vid), -1, dtype=np.int64)

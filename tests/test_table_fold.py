@@ -48,9 +48,11 @@ def test_a_plan_priced_by_orbit_costs_what_it_costs_whole(program, mesh_name):
     assert len(fold.edges) < len(table.edge_vid)
     assert len(fold.kernels.size) < len(table.kernels.kernels)
     assert sum(len(members) for _, members, _, _ in fold.op_groups) <= sum(len(m) for _, m, _ in table.op_groups)
-    # ... the uses of values that may hold a partial sum too (grouped by what the walk reads of them).
+    # ... the uses of values that may hold a partial sum too (grouped by what the walk reads of them), and
+    # the walk over partial sums walks fewer ops.
     may_be_partial = np.isin(table.edge_vid, table.num_params + table.flow_levels.ops)
     assert 0 < np.isin(fold.edges, np.flatnonzero(may_be_partial)).sum() < may_be_partial.sum()
+    assert 0 < len(fold.flow_levels.ops) < len(table.flow_levels.ops)
     rng = random.Random(3)
     points = list(random_points(space, rng, 25)) + [Point(frozenset(space.variables), ())]
     cut = 0
@@ -62,8 +64,10 @@ def test_a_plan_priced_by_orbit_costs_what_it_costs_whole(program, mesh_name):
         assert folded.cost() == whole.cost(), point
         assert folded.run.end_chains == whole.run.end_chains, point
         for name in ("chain_edges", "chain_index", "chain_steps", "reducing", "reduced_vids", "reduced_at",
-                     "is_reducing"):
+                     "is_reducing", "mask", "flowing"):
             assert np.array_equal(getattr(folded.run, name), getattr(whole.run, name)), (point, name)
+        partial = whole.run.mask != 0  # a combiner is read where a sum is pending
+        assert np.array_equal(folded.run.combiner_id[partial], whole.run.combiner_id[partial]), point
         cut += bool(whole.cost().collective_counts)
     assert cut > len(points) // 2  # most plans have collectives, so uses and kernels are cut
 
