@@ -108,8 +108,7 @@ class TableFold:
         self.use_ic = t.use_ic[self.edges]
         # The values whose keys `Walk.communication` reads: the representatives' and, for the reductions
         # after the last op, the results that may be partial sums.
-        walked = t.num_params + t.flow_levels.ops
-        self.values = np.union1d(ev[self.edges], walked[t.result_rank[walked] >= 0])
+        self.values = np.union1d(ev[self.edges], walked.values[t.result_rank[walked.values] >= 0])
         self.def_ic = t.def_ic[self.values]
         self.link_orbit = orbit[t.kernels.link_edges]  # per use a kernel's link carries, its orbit
         # Values by (global bytes, the representatives of their dimensions): alike in local bytes.
@@ -174,7 +173,7 @@ def _partial_orbits(t: Any, rep: np.ndarray, walk_class: np.ndarray) -> tuple[np
     groups: dict[tuple, int] = {}  # a group's key -> its first value
     orbits: dict[tuple[int, int], int] = {}  # (its group's first value, its place) -> a use's orbit
     representative: list[int] = []
-    for v in (t.num_params + t.flow_levels.ops).tolist():
+    for v in t.flow_levels.values.tolist():
         uses = t.edges_of[v]
         key = (int(walk_class[v]), int(t.type_id[v]), *rep[t.def_ic[v]].tolist(), len(uses),
                *(x for e in uses for x in (*rep[t.use_ic[e]].tolist(), int(op_class[t.edge_op[e]]),
