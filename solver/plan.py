@@ -56,6 +56,7 @@ class Plan:
         for k, a in self.replicated:
             kept.setdefault(a, set()).add(k)
         dims = _param_dims_by_color(nda) if nda is not None else {}
+        carried_by: dict[tuple[int, str], list[tuple[Value, int]]] = {}  # a schedule repeats (color, axis) per `only`
 
         def decision(d: Decision) -> dict[str, Any]:
             out: dict[str, Any] = {"axis": d.axis, "color": d.color}
@@ -63,7 +64,10 @@ class Plan:
                 out["only"] = d.only
                 out["spread"] = d.spread
             if nda is not None:
-                carried = [(v, k) for v, k, ic in dims.get(d.color, ()) if ic not in kept.get(d.axis, ())]
+                carried = carried_by.get((d.color, d.axis))
+                if carried is None:
+                    carried = carried_by[d.color, d.axis] = [(v, k) for v, k, ic in dims.get(d.color, ())
+                                                             if ic not in kept.get(d.axis, ())]
                 out["what"] = _describe(nda, d, carried)
                 out["pattern"] = _pattern(nda, d, carried)
             return out
