@@ -88,8 +88,11 @@ class Builder:
         self.body.append(op)
         return op.result
 
-    def build(self, outputs: Sequence[Value]) -> Function:
-        return ops.verify(Function(self.name, tuple(self.params), tuple(self.body), tuple(outputs), self.mesh))
+    def build(self, outputs: Sequence[Value], types: bool = True) -> Function:
+        """The function of the ops emitted, verified (`ops.verify`; `types=False`:
+        SSA and order alone, where every op's types were checked as it was made)."""
+        fn = Function(self.name, tuple(self.params), tuple(self.body), tuple(outputs), self.mesh)
+        return ops.verify(fn, types=types)
 
     # ------------------------------------------------------ elementwise
 

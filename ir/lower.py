@@ -338,7 +338,10 @@ class _Lowering:
             state = self.env[r]
             results.append(self.operand(r, state.dims, keep_partial=False, hoist=False))
             result_dims.append(self.env[r].dims)
-        return Lowered(self.b.build(results), tuple(param_dims), tuple(result_dims))
+        # Types are not inferred again: an op lowered afresh was made by `Builder.emit`, which infers them,
+        # and a replayed one is a recipe's op of the same case (its signature holds the global types, the
+        # case every local one), so of the same types. Re-inferring was a twentieth of a mesh search.
+        return Lowered(self.b.build(results, types=False), tuple(param_dims), tuple(result_dims))
 
 
 SUFFIX = {"all_gather": "ag", "all_slice": "as", "all_to_all": "a2a", "all_reduce": "ar", "reduce_scatter": "rs"}

@@ -429,6 +429,7 @@ def assert_replays_lower_afresh(fn: Function, nda: NDA, sharding: FactorSharding
     name for name; returns how many ops were replayed."""
     got, want = lower(fn, nda, sharding, options), lowered_afresh(fn, nda, sharding, options)
     assert print_function(got.function) == print_function(want.function)
+    ops.verify(got.function, types=True)  # `lower` checks SSA alone: a replayed op's types are its recipe's
     assert (got.param_dims, got.result_dims) == (want.param_dims, want.result_dims)
     return len(fn.ops) - len(_RECIPES.get((fn,), sharding.mesh, dict)) if not options.reuse_resharded else 0
 
