@@ -36,6 +36,9 @@ class Builder:
         self.body: list[Op] = []
         self._names: set[str] = set()
         self._counter = 0
+        # The ops `emit` made (by id; `body` holds them): `make_op` inferred their types, so `build` checks
+        # them for SSA and order alone. An op put in `body` otherwise is verified in full.
+        self._inferred: set[int] = set()
 
     # ------------------------------------------------------------ basics
 
@@ -73,7 +76,7 @@ class Builder:
     def take_name(self, name: str) -> None:
         """Reserve the name of a result made elsewhere: `ir.lower` replays the
         ops it lowered once (their types already inferred), appending them
-        to `body` itself; `build` verifies them with the rest."""
+        to `body` itself, and builds with `types=False`."""
         if name in self._names:
             raise IRError(f"value name %{name} is already used in @{self.name}")
         self._names.add(name)
@@ -86,13 +89,15 @@ class Builder:
         """`op` with the attributes as one mapping (an `Attrs` another op carries, say)."""
         op = ops.make_op(kind, operands, attrs, [self._fresh(name)], self.mesh)
         self.body.append(op)
+        self._inferred.add(id(op))
         return op.result
 
     def build(self, outputs: Sequence[Value], types: bool = True) -> Function:
-        """The function of the ops emitted, verified (`ops.verify`; `types=False`:
-        SSA and order alone, where every op's types were checked as it was made)."""
+        """The function of the body's ops, verified (`ops.verify`): the types of
+        those not made by `emit`, which inferred them; `types=False`: of none,
+        where the caller knows them checked (`ir.lower`'s replayed ops)."""
         fn = Function(self.name, tuple(self.params), tuple(self.body), tuple(outputs), self.mesh)
-        return ops.verify(fn, types=types)
+        return ops.verify(fn, types=types, inferred=self._inferred)
 
     # ------------------------------------------------------ elementwise
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,7 +370,7 @@ def make_op(
     return Op(kind, tuple(operands), results, norm)
 
 
-def verify(fn: Function, types: bool = True) -> Function:
+def verify(fn: Function, types: bool = True, inferred: Container[int] = ()) -> Function:
     """Check SSA, straight-line order and types; return `fn` or raise VerifyError.
 
     Types are checked by re-running each op kind's shape rule from the
@@ -378,16 +378,18 @@ def verify(fn: Function, types: bool = True) -> Function:
     `types=False`: SSA and order alone, for a function cut from ops whose
     types and names were checked where they were made (a pipeline's tasks,
     `ir.pipeline`: re-inferring them was a sixteenth of a 1,536-device
-    mesh search); the ops are looked at one by one (`verify_op`) only to
-    name what is wrong.
+    mesh search); so too for the ops whose ids are in `inferred` (made by
+    `make_op`: a `Builder`'s). The ops are then looked at one by one
+    (`verify_op`) only to name what is wrong.
     """
     check_name(fn.name, "function")
     defined: dict[str, Value] = {}
     for p in fn.params:
         define(defined, p, f"parameter of @{fn.name}")
     for index, op in enumerate(fn.ops):
-        if types or not _defines(op, defined):
-            verify_op(op, defined, fn.mesh, index, _inferred if types else None)
+        typed = types and id(op) not in inferred
+        if typed or not _defines(op, defined):
+            verify_op(op, defined, fn.mesh, index, _inferred if typed else None)
     for r in fn.results:
         if defined.get(r.name) is not r:
             raise VerifyError(f"@{fn.name} returns %{r.name}, which is not defined in the function")

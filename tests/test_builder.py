@@ -95,3 +95,24 @@ def test_shape_errors_surface_at_the_builder_call():
         b.matmul(x, w)
     with pytest.raises(IRError, match="cannot reshape"):
         b.reshape(x, [4, 4])
+
+
+def test_build_checks_the_types_of_ops_it_did_not_make_and_the_order_of_all():
+    # `emit` inferred its ops' types, so `build` checks them for SSA and order alone; an op put in the
+    # body otherwise (ring attention rewires ops so) is checked in full.
+    from ir.core import Op, TensorType, Value, VerifyError
+
+    b = Builder("t")
+    x = b.param("x", (4, 8))
+    y = b.exp(x, "y")
+    wrong = Value("z", TensorType((8, 4), "f32"))  # exp keeps its operand's shape
+    b.take_name("z")
+    b.body.append(Op("exp", (y,), (wrong,), b.body[-1].attrs))
+    with pytest.raises(VerifyError, match="type mismatch in op #1 .*exp gives tensor<4x8xf32>"):
+        b.build([wrong])
+    b.body[-1] = Op("exp", (y,), (Value("z", TensorType((4, 8), "f32")),), b.body[-1].attrs)
+    assert b.build([b.body[-1].results[0]]).ops[-1].kind == "exp"
+    # An emitted op out of order is still an error: its operand is used before it is defined.
+    b.body.reverse()
+    with pytest.raises(VerifyError, match="used before it is defined"):
+        b.build([y])
