@@ -62,6 +62,7 @@ _KEY_LIMIT = 1 << 62
 _INDEXES = Recent(2)  # per (program, analysis): `CostTable._program_index`
 _CODES = Recent(8)  # per tuple of I-class axes and the mesh's axis names: `CostTable.codes`
 _BATCH_OPS = Recent(2)  # per (program, analysis) and batch inputs: `CostTable.batch_ops`
+_COMPUTE_MEMO_ENTRIES = 1 << 16  # groups' figures a fold keeps (`CostTable._compute`), the oldest dropped first
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,13 +406,28 @@ class CostTable:
 
     def _compute(self, codes: np.ndarray, by_kind: Counter[str], fold: TableFold | None = None) -> int:
         """Add every op's roofline time to `by_kind`; return the flops per device.
-        With `fold`, each orbit's first op counts for its orbit."""
-        flops = 0
-        for _, size, inverse, terms in self._op_terms(codes, fold):
-            multiplicity = np.bincount(inverse, weights=size, minlength=len(terms)).astype(np.int64)
-            for (seconds, kind, op_flops), times in zip(terms, multiplicity):
-                by_kind[kind] += seconds * int(times)
-                flops += op_flops * int(times)
+        With `fold`, each orbit's first op counts for its orbit, and a group's
+        figures are kept per its ops' codes (`TableFold.compute_memo`): a
+        search's next state recodes a few groups, and the rest are added as
+        they were, in the same order, so to the same sums."""
+        if fold is None:
+            flops = 0
+            for _, size, inverse, terms in self._op_terms(codes, None):
+                for kind, seconds, op_flops in _group_figures(size, inverse, terms):
+                    by_kind[kind] += seconds
+                    flops += op_flops
+            return flops
+        flops, memo = 0, fold.compute_memo
+        for g, (count, members, factors, size) in enumerate(fold.op_groups):
+            key = (g, codes[factors].astype(self.code_dtype).tobytes())
+            figures = memo.get(key)
+            if figures is None:
+                if len(memo) >= _COMPUTE_MEMO_ENTRIES:
+                    del memo[next(iter(memo))]
+                figures = memo[key] = _group_figures(size, *self._group_terms(codes, count, members, factors))
+            for kind, seconds, op_flops in figures:
+                by_kind[kind] += seconds
+                flops += op_flops
         return flops
 
     def op_seconds(self, codes: np.ndarray) -> np.ndarray:
@@ -426,27 +442,32 @@ class CostTable:
         """Per group of ops alone (or orbits, with `fold`): its ops, their
         weights (None: one each), each op's term's index and the distinct
         terms (time, kind, flops), each priced once and memoized."""
-        base = len(self.axis_tuples)
         groups = fold.op_groups if fold is not None else [(*group, None) for group in self.op_groups]
         for count, members, factors, size in groups:
-            local = codes[factors]
-            if self.num_signatures * base ** count < _KEY_LIMIT:
-                keys = self.op_signature[members] * base ** count
-                for f in range(count):
-                    keys = keys + local[:, f] * base ** f
-                uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-            else:  # a large mesh: compare rows instead of packing them into one integer
-                rows = np.column_stack([self.op_signature[members], local])
-                uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-                uniq = [tuple(r) for r in uniq]
-            terms = []
-            for key, rep in zip(uniq, first):
-                memo_key = (count, key if isinstance(key, tuple) else int(key))
-                term = self._op_memo.get(memo_key)
-                if term is None:
-                    term = self._op_memo[memo_key] = self.price_op(int(members[rep]), codes)
-                terms.append(term)
-            yield members, size, inverse.reshape(-1), terms
+            yield (members, size, *self._group_terms(codes, count, members, factors))
+
+    def _group_terms(self, codes: np.ndarray, count: int, members: np.ndarray,
+                     factors: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+        """One group of `_op_terms`: each op's term's index and the distinct terms."""
+        base = len(self.axis_tuples)
+        local = codes[factors]
+        if self.num_signatures * base ** count < _KEY_LIMIT:
+            keys = self.op_signature[members] * base ** count
+            for f in range(count):
+                keys = keys + local[:, f] * base ** f
+            uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        else:  # a large mesh: compare rows instead of packing them into one integer
+            rows = np.column_stack([self.op_signature[members], local])
+            uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+            uniq = [tuple(r) for r in uniq]
+        terms = []
+        for key, rep in zip(uniq, first):
+            memo_key = (count, key if isinstance(key, tuple) else int(key))
+            term = self._op_memo.get(memo_key)
+            if term is None:
+                term = self._op_memo[memo_key] = self.price_op(int(members[rep]), codes)
+            terms.append(term)
+        return inverse.reshape(-1), terms
 
     def _dims(self, row: np.ndarray, rank: int, codes: np.ndarray) -> DimAxes:
         return tuple(map(self.axis_tuples.__getitem__, codes[row[:rank]].tolist()))
@@ -499,6 +520,15 @@ class CostTable:
             sizes.append(after.num_bytes)
             before = after
         return _ChainCost(tuple(kinds), tuple(seconds), tuple(sizes))
+
+
+def _group_figures(size: np.ndarray | None, inverse: np.ndarray,
+                   terms: list[tuple]) -> tuple[tuple[str, float, int], ...]:
+    """One group of ops' figures as `CostTable._compute` adds them, term by
+    term: (kind, seconds, flops), each term times its ops (or orbits' ops)."""
+    multiplicity = np.bincount(inverse, weights=size, minlength=len(terms)).astype(np.int64)
+    return tuple((kind, seconds * int(times), op_flops * int(times))
+                 for (seconds, kind, op_flops), times in zip(terms, multiplicity))
 
 
 @dataclass(frozen=True, slots=True)

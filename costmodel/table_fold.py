@@ -63,7 +63,8 @@ class KernelOrbits:
 class TableFold:
     """One cost table's ops, kernels and uses by orbit under a partition of
     its I-classes (module docstring). Read-only once made, but for the
-    answers of the walk over partial sums it keeps (`partial_memo`)."""
+    answers it keeps: of the walk over partial sums (`partial_memo`) and of
+    the ops priced alone (`compute_memo`)."""
 
     def __init__(self, table: Any, iclass_rep: np.ndarray) -> None:
         t = table
@@ -91,6 +92,7 @@ class TableFold:
         self.flow_levels = walked.folded(t, rep_row)
         self.walk_values = walked.values[rep_row]  # per walked value, the value whose answer it has
         self.partial_memo: dict[bytes, tuple] = {}  # `Walk.partial_sums`'s answers with this fold
+        self.compute_memo: dict[tuple, tuple] = {}  # `CostTable._compute`'s figures per group and its codes
         rows = np.column_stack([partial_orbit, t.type_id[ev], rep[t.def_ic[ev]], rep[t.use_ic], t.edge_repeat])
         _, first, orbit = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         orbit = orbit.reshape(-1)
