@@ -36,9 +36,10 @@ class Builder:
         self.body: list[Op] = []
         self._names: set[str] = set()
         self._counter = 0
-        # The ops `emit` made (by id; `body` holds them): `make_op` inferred their types, so `build` checks
-        # them for SSA and order alone. An op put in `body` otherwise is verified in full.
-        self._inferred: set[int] = set()
+        # The ops `emit` made, by id: `make_op` inferred their types, so `build` checks them for SSA and order
+        # alone. An op put in `body` otherwise is verified in full. Held here, so that no op dropped from the
+        # body leaves its id to another.
+        self._inferred: dict[int, Op] = {}
 
     # ------------------------------------------------------------ basics
 
@@ -89,7 +90,7 @@ class Builder:
         """`op` with the attributes as one mapping (an `Attrs` another op carries, say)."""
         op = ops.make_op(kind, operands, attrs, [self._fresh(name)], self.mesh)
         self.body.append(op)
-        self._inferred.add(id(op))
+        self._inferred[id(op)] = op
         return op.result
 
     def build(self, outputs: Sequence[Value], types: bool = True) -> Function:
