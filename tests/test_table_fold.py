@@ -108,3 +108,24 @@ def test_kernels_cut_alike_are_priced_once_and_add_up_as_one_by_one(monkeypatch,
     assert grouped == looped
     assert all(whole == folded for whole, folded in grouped)
     assert sum(c > 0 for c in counted) > len(points) // 2  # most plans cut kernels
+
+
+@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+def test_a_kernels_row_key_is_its_signature_and_codes(mesh_name):
+    # The uncut kernels' terms are memoized by their rows packed (`FusedKernels.row_keys`): one integer, or a
+    # tuple of one per chunk where a kernel reads more I-classes than a chunk holds (on 3 axes, most do).
+    space, table = _searched("transformer-gqa-gated", MESHES[mesh_name])
+    kernels = table.kernels
+    packing = kernels.packing
+    assert (packing.chunks > 1).any() and (packing.chunks == 1).any()
+    positions = np.arange(len(packing.kernels))
+    for point in random_points(space, random.Random(5), 6):
+        codes = np.append(table.codes(space.plan(point).materialize(space.nda)), 0)
+        _, first_chunk, packed = kernels._rows(codes, packing)
+        keys = kernels.row_keys(packing, positions, first_chunk, packed)
+        rows = [(int(kernels.signatures[k]), *codes[kernels.iclass_list[k]].tolist()) for k in packing.kernels]
+        by_key, by_row = {}, {}
+        for n, (key, row) in enumerate(zip(keys, rows)):
+            by_key.setdefault(key, []).append(n)
+            by_row.setdefault(row, []).append(n)
+        assert sorted(by_key.values()) == sorted(by_row.values())
