@@ -303,7 +303,7 @@ class FusedKernels:
     def _rows(self, codes: np.ndarray, packing: _Packing | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`row_ids`, each kernel's signature and first chunk packed into one
         integer, and every chunk packed (per segment): a kernel's row is its
-        first integer and its further chunks' (`row_key`)."""
+        first integer and its further chunks' (`row_keys`)."""
         p = packing or self.packing
         if not len(p.kernels):
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
