@@ -410,21 +410,17 @@ class CostTable:
         figures are kept per its ops' codes (`TableFold.compute_memo`): a
         search's next state recodes a few groups, and the rest are added as
         they were, in the same order, so to the same sums."""
-        if fold is None:
-            flops = 0
-            for _, size, inverse, terms in self._op_terms(codes, None):
-                for kind, seconds, op_flops in _group_figures(size, inverse, terms):
-                    by_kind[kind] += seconds
-                    flops += op_flops
-            return flops
-        flops, memo = 0, fold.compute_memo
-        for g, (count, members, factors, size) in enumerate(fold.op_groups):
-            key = (g, codes[factors].astype(self.code_dtype).tobytes())
-            figures = memo.get(key)
-            if figures is None:
-                if len(memo) >= _COMPUTE_MEMO_ENTRIES:
-                    del memo[next(iter(memo))]
-                figures = memo[key] = _group_figures(size, *self._group_terms(codes, count, members, factors))
+        flops, memo = 0, fold.compute_memo if fold is not None else None
+        for g, (count, members, factors, size) in enumerate(self._groups(fold)):
+            if memo is None:
+                figures = _group_figures(size, *self._group_terms(codes, count, members, factors))
+            else:
+                key = (g, codes[factors].astype(self.code_dtype).tobytes())
+                figures = memo.get(key)
+                if figures is None:
+                    if len(memo) >= _COMPUTE_MEMO_ENTRIES:
+                        del memo[next(iter(memo))]
+                    figures = memo[key] = _group_figures(size, *self._group_terms(codes, count, members, factors))
             for kind, seconds, op_flops in figures:
                 by_kind[kind] += seconds
                 flops += op_flops
@@ -442,9 +438,13 @@ class CostTable:
         """Per group of ops alone (or orbits, with `fold`): its ops, their
         weights (None: one each), each op's term's index and the distinct
         terms (time, kind, flops), each priced once and memoized."""
-        groups = fold.op_groups if fold is not None else [(*group, None) for group in self.op_groups]
-        for count, members, factors, size in groups:
+        for count, members, factors, size in self._groups(fold):
             yield (members, size, *self._group_terms(codes, count, members, factors))
+
+    def _groups(self, fold: TableFold | None) -> list[tuple]:
+        """The groups of ops priced alone: (factor count, ops, their factors'
+        I-classes, their weights: None, or with `fold` its orbits' sizes)."""
+        return fold.op_groups if fold is not None else [(*group, None) for group in self.op_groups]
 
     def _group_terms(self, codes: np.ndarray, count: int, members: np.ndarray,
                      factors: np.ndarray) -> tuple[np.ndarray, list[tuple]]:

@@ -411,8 +411,9 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
 def _typed(op: Op, mesh: Mesh) -> Op:
     """An op `_accumulate` made anew, its declared types checked: the tasks'
     functions check SSA alone (`_function`), every other op of theirs being
-    the lowered step's, whose types `Builder.build` checked, on the same
-    operand types (the sum over microbatches has its value's)."""
+    the lowered step's, whose types were inferred where `ir.lower` made
+    them, on the same operand types (the sum over microbatches has its
+    value's)."""
     expected = ops.infer_results(op.kind, tuple(v.type for v in op.operands), op.attrs, mesh)
     if expected != tuple(r.type for r in op.results):
         raise PipelineError(f"{op.describe()}: its operands give {', '.join(map(str, expected))}")
