@@ -191,10 +191,10 @@ def _copy(model: Model, nda: NDA, sharding: FactorSharding, layout: StageLayout,
         lowered = lower_ops(fn, nda, sharding, keep, substitute, whole, options, sent)
     except LoweringError:
         return None
-    names = {p.name for p in params}
-    made = {r.name for i in constants for r in fn.ops[i].results}
-    placed = {name: stage_map[stage[layer]] for name, layer in stage_of.items()
-              if layer in kept or name in names or name in made}
+    # The kept layers' values, the parameters and the constants made: by layer, not over the whole step's.
+    placed = {name: stage_map[stage[layer]] for layer in kept for name in layout.names[layer]}
+    placed.update((name, stage_map[stage[stage_of[name]]])
+                  for name in [*(p.name for p in params), *(r.name for i in constants for r in fn.ops[i].results)])
     return lowered, placed, {r.name for r in sent if any(stage[v] != stage[stage_of[r.name]] for v in read_out[r])}
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ir import ops
 from ir.builder import Builder
@@ -82,10 +82,10 @@ class Lowered:
     made_for: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class _Local:
+class _Local(NamedTuple):
     """A global value as it stands on the devices: its local value, sharding
-    and pending partial reduction (axes and combiner)."""
+    and pending partial reduction (axes and combiner). (A named tuple: the
+    lowering makes one per op, and a frozen dataclass's is slower to make.)"""
 
     value: Value
     dims: DimAxes
@@ -108,6 +108,7 @@ class _Recipe:
     hoisted: tuple[tuple[int, tuple[int, ...]], ...]  # (operand j, the ops placed right after its sum's op)
     states: tuple[tuple[int, int, DimAxes, tuple[str, ...], str], ...]  # operand j's new state: (j, ref, ...)
     result: tuple[int, DimAxes, tuple[str, ...], str]  # the result's state: ref, dims, partial, combiner
+    alone: bool  # the op itself and nothing else (most of a step's ops): `_replay`'s short way
 
 
 # Lowering an op follows from its signature, its factors' axes and its operands' states alone, and a
@@ -117,6 +118,8 @@ class _Recipe:
 _RECIPES = Recent(4)  # per (program, mesh): case -> _Recipe
 _SIGNATURES = Recent(2)  # per program: each op's signature number
 _PARAMS = Recent(4)  # per (program, analysis, sharding): each parameter's dims and local type
+_NAMES = Recent(2)  # per program: its value names and each value's uses (a mesh search lowers a part of it hundreds
+# of times: made per lowering, they were a sixth of lowering a folded pipeline's three stages of 80 layers)
 
 
 def _signatures(fn: Function) -> list[int]:
@@ -137,28 +140,33 @@ class _Lowering:
     b: Builder = field(init=False)
     env: dict[Value, _Local] = field(default_factory=dict)
     cache: dict[tuple, Value] = field(default_factory=dict)
-    taken: set[str] = field(default_factory=set)
+    taken: set[str] = field(default_factory=set)  # the names `fresh` drew (the program's own: `self.names`)
     # Per partial local value, the collectives that only reduce it: emitted right after its op.
     hoisted: dict[Value, list[Op]] = field(default_factory=dict)
     made: list[Op] | None = None  # the ops lowering the current op has made, while recording its recipe
 
     def __post_init__(self) -> None:
         self.b = Builder(self.fn.name, self.sharding.mesh)
-        self.taken = {v.name for v in self.fn.values()}
-        self.use_count = {v: len(us) for v, us in users(self.fn).items()}
-        for r in self.fn.results:
-            self.use_count[r] += 1
+        self.names, self.use_count = _NAMES.get((self.fn,), None, self._names_and_uses)
         # A resharding kept for later uses (`reuse_resharded`) makes lowering depend on more than the case.
         self.recipes: dict[tuple, _Recipe] | None = None if self.options.reuse_resharded else _RECIPES.get(
             (self.fn,), self.sharding.mesh, dict)
         self.signature = _signatures(self.fn)
+        self.iclass_axes = (*self.sharding.axes, ())  # per I-class its axes, and () at -1 (a factor of no dim)
+
+    def _names_and_uses(self) -> tuple[frozenset[str], dict[Value, int]]:
+        """The program's value names, and each value's uses (a result of the program's is used once more)."""
+        use_count = {v: len(us) for v, us in users(self.fn).items()}
+        for r in self.fn.results:
+            use_count[r] += 1
+        return frozenset(v.name for v in self.fn.values()), use_count
 
     # -- names
 
     def fresh(self, base: str) -> str:
         """A unique name for a collective's result, derived from its input."""
         name, n = base, 1
-        while name in self.taken:
+        while name in self.taken or name in self.names:
             n += 1
             name = f"{base}{n}"
         self.taken.add(name)
@@ -203,17 +211,21 @@ class _Lowering:
         """Lower op i: afresh the first time its case is met (its signature,
         its factors' axes, its operands' states and which of them are one
         value), else by replaying the recipe of that time."""
-        axes = self.sharding.axes
-        factor_axes = tuple(axes[k] if k >= 0 else () for k in self.nda.op_factor_iclass[i])
-        states = [self.env[o] for o in op.operands]
-        sole_use = all(self.use_count[o] == 1 for o, s in zip(op.operands, states) if s.partial)
+        factor_axes = tuple(map(self.iclass_axes.__getitem__, self.nda.op_factor_iclass[i]))
+        env = self.env
+        states = [env[o] for o in op.operands]
+        sole_use = True  # every operand with a pending sum is read by this op alone
+        for o, s in zip(op.operands, states):
+            if s.partial and self.use_count[o] != 1:
+                sole_use = False
+                break
         if self.recipes is None:
             self._lower_afresh(i, op, factor_axes, states, sole_use)
             return
         distinct = list(dict.fromkeys(op.operands))
-        entry = [self.env[o] for o in distinct]
+        entry = [env[o] for o in distinct]
         values = [e.value for e in entry]  # Values compare by identity
-        case = (self.signature[i], factor_axes, tuple([(s.dims, s.partial, s.combiner) for s in states]), sole_use,
+        case = (self.signature[i], factor_axes, tuple([s[1:] for s in states]), sole_use,  # (dims, partial, combiner)
                 tuple(map(op.operands.index, op.operands)), tuple(map(values.index, values)))
         recipe = self.recipes.get(case)
         if recipe is not None:
@@ -247,10 +259,19 @@ class _Lowering:
         states = tuple((j, refs[self.env[o].value], self.env[o].dims, self.env[o].partial, self.env[o].combiner)
                        for j, (o, e) in enumerate(zip(distinct, entry)) if self.env[o] is not e)
         out = self.env[op.results[0]]
-        return _Recipe(made, body, moved, states, (refs[out.value], out.dims, out.partial, out.combiner))
+        return _Recipe(made, body, moved, states, (refs[out.value], out.dims, out.partial, out.combiner),
+                       alone=len(made) == 1 and body == (0,) and not moved and not states and refs[out.value] == 0)
 
     def _replay(self, op: Op, recipe: _Recipe, distinct: list[Value], entry: list[_Local]) -> None:
         """Make the recipe's ops again on this op's operands (fresh names drawn in the same order)."""
+        if recipe.alone:  # the op itself, on its operands' local values
+            kind, attrs, refs, ty, _ = recipe.made[0]
+            (result,) = op.results
+            self.b.take_name(result.name)
+            value = Value(result.name, ty)
+            self.b.body.append(Op(kind, tuple([entry[-1 - r].value for r in refs]), (value,), attrs))
+            self.env[result] = _Local(value, *recipe.result[1:])
+            return
         made: list[Op] = []
         values: list[Value] = []
 

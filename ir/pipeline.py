@@ -44,6 +44,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from ir import ops
@@ -363,20 +364,22 @@ def _accumulate(lowered: Lowered) -> tuple[list[Op], list[Value], list[tuple[Val
     fn = lowered.function
     micro_count = fn.mesh.size(MICRO)
     varying = {p.name for p, dims in zip(fn.params, lowered.param_dims) if any(MICRO in d for d in dims)}
-    readers = Counter(v for op in fn.ops for v in op.operands) + Counter(fn.results)
+    readers = Counter(chain.from_iterable(op.operands for op in fn.ops)) + Counter(fn.results)
     renamed: dict[Value, Value] = {}
     body, sums = [], []
     made_at: dict[Value, int] = {}
     moved: set[int] = set()
     for op in fn.ops:
-        operands = tuple(renamed.get(v, v) for v in op.operands)
+        # The op itself where it reads no sum renamed (the lowered step's ops are shared, not copied).
+        renames = renamed and any(v in renamed for v in op.operands)
+        operands = tuple(renamed.get(v, v) for v in op.operands) if renames else op.operands
         micro = ops.get(op.kind).is_collective and MICRO in op.attrs["axes"]
         if micro and not (op.kind == "all_reduce" and op.attrs["combiner"] == "sum"):
             raise PipelineError(f"{op.describe()}: the step needs the whole batch here ({op.kind} over the "
                                 "microbatches), so it cannot be split into microbatches")
         if not micro:
             made_at[op.results[0]] = len(body)
-            body.append(Op(op.kind, operands, op.results, op.attrs))
+            body.append(Op(op.kind, operands, op.results, op.attrs) if renames else op)
             if any(v.name in varying for v in operands):
                 varying.update(r.name for r in op.results)
             continue

@@ -76,15 +76,15 @@ def fold_pipeline(model: Model, nda: NDA, mesh: Mesh, decisions: Sequence[Decisi
                                              tuple(replicated)))
     if cut is None:
         return None
-    stage_of, kept, twin, keep, substitute, whole, sent = cut
+    layout, kept, twin, keep, substitute, whole, sent = cut
     try:
         lowered = lower_ops(fn, nda, sharding, keep, substitute, whole, options, sent)
     except LoweringError:  # a value crosses a stage boundary with a pending partial sum
         return None
     folded = {s: n for n, s in enumerate(kept)}
     stand_in = [folded[s] if s in folded else folded[twin[s]] for s in range(stages)]
-    params = {p.name for p in fn.params}
-    placed = {name: stand_in[s] for name, s in stage_of.items() if s in folded or name in params}
+    placed = {name: n for s, n in folded.items() for name in layout.names[s]}  # the kept stages' values
+    placed.update((p.name, stand_in[layout.stage_of[p.name]]) for p in fn.params)
     forward = {r.name for op in fn.ops[:model.forward_ops] for r in op.results}
     # The kept stages are no interleaved pipeline of their own: `pipeline_cost` runs the step's
     # schedule over `stage_map` with `chunks`.
@@ -97,7 +97,7 @@ _CUTS = Recent(8)  # the last few `_cut`s, by program identity, stages and plan
 
 
 def _cut(model: Model, nda: NDA, sharding: FactorSharding, stages: int, plan: tuple) -> tuple | None:
-    """Where the fold cuts the step (the stage of every value, the stages
+    """Where the fold cuts the step (its `StageLayout`, the stages
     kept, each stage's first equal stage, the ops kept, the stand-ins, what
     must cross whole, what a kept stage sends to one left out), or None when
     it cannot. It reads the sharding's axes, not their sizes, so it is the
@@ -129,7 +129,7 @@ def _cut_afresh(model: Model, nda: NDA, sharding: FactorSharding, stages: int) -
         left_out = set(range(stages)).difference(kept)
         sent = {r for i in keep for r in fn.ops[i].results
                 if r in layout.varying and any(stage_of[op.results[0].name] in left_out for op in readers.get(r, ()))}
-        cut = (stage_of, kept, twin, keep, substitute, whole, sent)
+        cut = (layout, kept, twin, keep, substitute, whole, sent)
     return cut
 
 
@@ -146,6 +146,7 @@ class StageLayout:
     params: frozenset[Value]
     varying: frozenset[Value]
     constant: Mapping[Value, int]
+    names: tuple[tuple[str, ...], ...]  # per stage, the names `stage_of` puts there (a fold places its kept stages')
 
 
 # The last few `stage_layout`s, by program identity and stages: a mesh search at 2,520 devices meets
@@ -170,7 +171,11 @@ def stage_layout(model: Model, stages: int) -> StageLayout:
     def make() -> StageLayout:
         stage_of = value_stages(fn, model.forward_ops, dict(model.origins), stages)
         readers, params, varying, constant = _STAGELESS.get((fn,), tuple(model.inputs), stageless)
-        return StageLayout(stage_of, _stage_members(fn, stage_of, stages), readers, params, varying, constant)
+        names: list[list[str]] = [[] for _ in range(stages)]
+        for name, s in stage_of.items():
+            names[s].append(name)
+        return StageLayout(stage_of, _stage_members(fn, stage_of, stages), readers, params, varying, constant,
+                           tuple(map(tuple, names)))
 
     return _LAYOUTS.get((fn,), stages, make)
 
@@ -275,6 +280,12 @@ def _stand_ins(fn: Function, stage_of: Mapping[str, int], members: list[list[int
         kept |= needed
 
 
+# Both indexes are of the whole step, and a mesh search reads them for every plan it folds or copies (the
+# shallow copies, three a plan, `ir.layer_fold`): kept for the last few programs and layouts.
+_MADE_AT = Recent(2)
+_POSITIONS = Recent(8)
+
+
 @dataclass(frozen=True)
 class StageReads:
     """The step's ops by stage, for finding stand-ins."""
@@ -286,12 +297,15 @@ class StageReads:
 
     @cached_property
     def made_at(self) -> dict[Value, int]:
-        return {op.results[0]: i for i, op in enumerate(self.fn.ops)}
+        """Each op result's op (its index)."""
+        return _MADE_AT.get((self.fn,), None, lambda: {op.results[0]: i for i, op in enumerate(self.fn.ops)})
 
     @cached_property
     def position(self) -> dict[Value, int]:
         """Each op result's place among its stage's ops."""
-        return {self.fn.ops[i].results[0]: q for ops in self.members for q, i in enumerate(ops)}
+        return _POSITIONS.get((self.fn, self.members), None, lambda: {
+            self.fn.ops[i].results[0]: q for ops in self.members for q, i in enumerate(ops)})
+
 
     def reads_left_out(self, kept: set[int]) -> Iterator[tuple[int, int, int, int, Value, int]]:
         """(stage, place, op, operand, value, its stage) of every read by a kept stage from one left out."""
