@@ -72,20 +72,24 @@ class IClassKeys:
             for b, side in enumerate(nda.resolutions(c)):
                 for k in side:
                     self._desel[k] = (*self._desel.get(k, ()), (c, b))
-        self._late: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (I-class, axis) -> its blockers
+        late: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         for i, a in enumerate(self.axes):
             for k, h, level, flag in space.late_blockers[a]:
-                self._late.setdefault((k, i), []).append((h, level, flag))
-        sentinel = Key(-1, (), tuple(1 for _ in self.axes), (), (), ())
+                late.setdefault((k, i), []).append((h, level, flag))
+        self._late = {ki: tuple(sorted(blockers)) for ki, blockers in late.items()}  # (I-class, axis) -> blockers
+        self._masks: dict[tuple[int, ...], int] = {}  # `_free_mask`'s answers
+        # A key is interned by its fields as a tuple (equal keys, equal tuples): the Key is made once a key,
+        # not once an I-class (a 100,000 I-classes of an 80-layer step have some 70 keys).
+        sentinel = (-1, (), tuple(1 for _ in self.axes), (), (), (), (), (), ())
         self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
         for owner_members in members.values():
             ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], position[k]))
             above: list[int] = []
             for k in ordered:
-                key = self._key(k, above)
-                kid = self._intern(key_ids, key, k)
+                fields = self._key(k, above)
+                kid = self._intern(key_ids, fields, k)
                 self.key_of[k] = kid
-                if FREE in key.status:
+                if FREE in fields[2]:  # its status
                     above.append(kid)
 
     def representatives(self) -> np.ndarray:
@@ -94,22 +98,23 @@ class IClassKeys:
         first = np.array([m[0] for m in self.key_members], dtype=np.int64)
         return first[np.array(self.key_of, dtype=np.int64)]
 
-    def _intern(self, ids: dict, key: Key, iclass: int) -> int:
-        kid = ids.get(key)
+    def _intern(self, ids: dict, fields: tuple, iclass: int) -> int:
+        kid = ids.get(fields)
         if kid is None:
-            kid = ids[key] = len(self.keys)
-            self.keys.append(key)
+            kid = ids[fields] = len(self.keys)
+            self.keys.append(Key(*fields))
             self.key_members.append([])
-            self._free_masks.append(self._free_mask(key.status))
+            self._free_masks.append(self._free_mask(fields[2]))
         self.key_members[kid].append(iclass)
         return kid
 
-    def _key(self, k: int, above: list[int]) -> Key:
+    def _key(self, k: int, above: list[int]) -> tuple:
+        """The fields of I-class k's Key (`_intern`)."""
         space, ic = self.space, self.nda.iclasses[k]
         status = space.status[k]
         base = space.base.axes[k]
         if FREE not in status:
-            return Key(-1, base, status, (), (), ())
+            return (-1, base, status, (), (), (), (), (), ())
         free = self._free_mask(status)
         shape = (ic.color, status, base, ic.size, space.part[k])
         known = self._shapes.get(shape)
@@ -117,9 +122,9 @@ class IClassKeys:
             known = self._shapes[shape] = self._shape(*shape)
         group, nondiv, level, order = known
         higher = tuple(sorted({j for j in above if self._free_masks[j] & free}))
-        late = tuple(tuple(sorted(self._late.get((k, i), ()))) if (group, a) in space.late_pairs else None
+        late = tuple(self._late.get((k, i), ()) if (group, a) in space.late_pairs else None
                      for i, a in enumerate(self.axes)) if space.late_variables else ()
-        return Key(group, base, status, self._desel.get(k, ()), nondiv, higher, level, order, late)
+        return (group, base, status, self._desel.get(k, ()), nondiv, higher, level, order, late)
 
     def _shape(self, color: int, status: tuple[int, ...], base: tuple[str, ...], size: int,
                part: int) -> tuple:
@@ -146,4 +151,7 @@ class IClassKeys:
 
     def _free_mask(self, status: tuple[int, ...]) -> int:
         """The auto axes an I-class of this status may take, as bits."""
-        return sum(1 << i for i, st in enumerate(status) if st == FREE)
+        mask = self._masks.get(status)
+        if mask is None:
+            mask = self._masks[status] = sum(1 << i for i, st in enumerate(status) if st == FREE)
+        return mask
