@@ -28,7 +28,7 @@ import fnmatch
 import re
 from collections.abc import Collection, Sequence
 
-from ir.core import Function, IRError, Op, Value
+from ir.core import Function, IRError, Op, Recent, Value
 
 _LAYER_OUT = re.compile(r"layers\.(\d+)\.out")
 _LAYER_PARAM = re.compile(r"layers\.\d+\.")
@@ -37,8 +37,13 @@ REMAT_SUFFIX = ".remat"  # a recomputed value is named after the value it recomp
 
 
 def layer_count(fn: Function, forward_ops: int) -> int:
-    """How many layers `layer_segments` finds (its layer outputs), without finding their ops."""
-    return len({int(m[1]) for op in fn.ops[:forward_ops] for r in op.results if (m := _LAYER_OUT.fullmatch(r.name))})
+    """How many layers `layer_segments` finds (its layer outputs), without finding their ops
+    (kept for the last few programs: a mesh search asks it of each mesh's stages, a thousand times)."""
+    return _LAYER_COUNTS.get((fn,), forward_ops, lambda: len(
+        {int(m[1]) for op in fn.ops[:forward_ops] for r in op.results if (m := _LAYER_OUT.fullmatch(r.name))}))
+
+
+_LAYER_COUNTS = Recent(4)
 
 
 def layer_segments(fn: Function, forward_ops: int) -> dict[int, tuple[int, ...]]:
