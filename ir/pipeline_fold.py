@@ -306,7 +306,6 @@ class StageReads:
         return _POSITIONS.get((self.fn, self.members), None, lambda: {
             self.fn.ops[i].results[0]: q for ops in self.members for q, i in enumerate(ops)})
 
-
     def reads_left_out(self, kept: set[int]) -> Iterator[tuple[int, int, int, int, Value, int]]:
         """(stage, place, op, operand, value, its stage) of every read by a kept stage from one left out."""
         for s in sorted(kept):

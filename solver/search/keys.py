@@ -62,7 +62,7 @@ class IClassKeys:
         for k, ic in enumerate(nda.iclasses):
             members.setdefault(ic.owner[:2], []).append(k)
         self.keys: list[Key] = []
-        key_ids: dict[Key, int] = {}
+        key_ids: dict[tuple, int] = {}  # a Key's fields -> its id
         self.key_of = [0] * (len(nda.iclasses) + 1)  # the sentinel I-class: a fixed key
         self.key_members: list[list[int]] = []
         self._free_masks: list[int] = []  # per key: the auto axes its I-classes may take, as bits
@@ -79,7 +79,7 @@ class IClassKeys:
         self._late = {ki: tuple(sorted(blockers)) for ki, blockers in late.items()}  # (I-class, axis) -> blockers
         self._masks: dict[tuple[int, ...], int] = {}  # `_free_mask`'s answers
         # A key is interned by its fields as a tuple (equal keys, equal tuples): the Key is made once a key,
-        # not once an I-class (a 100,000 I-classes of an 80-layer step have some 70 keys).
+        # not once an I-class (the 100,000 I-classes of an 80-layer step have some 70 to 125 keys).
         sentinel = (-1, (), tuple(1 for _ in self.axes), (), (), (), (), (), ())
         self.key_of[-1] = self._intern(key_ids, sentinel, len(nda.iclasses))
         for owner_members in members.values():
