@@ -382,6 +382,15 @@ class CostTable:
         (with the sentinel): the local bytes of the first one's result."""
         return self._walk(codes, communication=True).first_step_bytes()
 
+    def use_bytes(self, codes: np.ndarray) -> np.ndarray:
+        """Each use's local bytes as its op reads it: its operand's global
+        bytes over the group sizes of the sharding the op wants."""
+        sizes = self.code_size[codes[self.use_ic]]
+        groups = sizes[:, 0].copy()
+        for d in range(1, sizes.shape[1]):
+            groups *= sizes[:, d]
+        return self.global_bytes[self.edge_vid] // groups
+
     def value_bytes(self, codes: np.ndarray, fold: TableFold | None = None) -> np.ndarray:
         """Each value's local bytes: its global bytes over its dimensions' group
         sizes. With a `fold` that holds for the codes: each class of values

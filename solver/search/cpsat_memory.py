@@ -37,7 +37,7 @@ from collections import Counter
 
 import numpy as np
 
-from solver.search.cpsat_terms import TermModel, use_local_bytes
+from solver.search.cpsat_terms import TermModel
 
 CUTS_PER_ROUND = 8  # memory cuts added per round at most: the largest overflows, spread over the program
 
@@ -51,7 +51,7 @@ class LiveBound:
         t = self.t = m.t
         self.m = m
         n = self.n = len(t.fn.ops)
-        value_bytes = t.value_bytes(codes)
+        value_bytes, use_bytes = t.value_bytes(codes), t.use_bytes(codes).tolist()
         partial = t.partial_masks(codes)
         first_step = t.first_step_bytes(codes)
         self.resident = int(value_bytes[: t.num_params].sum())
@@ -87,7 +87,7 @@ class LiveBound:
             for j, e in enumerate(t.op_edges[i]):
                 v = t.edge_vid_of[e]
                 if v >= t.num_params and t.last_user[v] == i and not t.is_result[v] and v not in t.op_vids[i][:j]:
-                    reads.append((j, e, own.get(v), use_local_bytes(t, e, codes), first_step.get(e, 0)))
+                    reads.append((j, e, own.get(v), use_bytes[e], first_step.get(e, 0)))
             self.last_reads.append(reads)
             self.at_op[i] += sum(r[3] for r in reads)
             if i and any(r[4] for r in reads):
