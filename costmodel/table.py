@@ -385,11 +385,7 @@ class CostTable:
     def use_bytes(self, codes: np.ndarray) -> np.ndarray:
         """Each use's local bytes as its op reads it: its operand's global
         bytes over the group sizes of the sharding the op wants."""
-        sizes = self.code_size[codes[self.use_ic]]
-        groups = sizes[:, 0].copy()
-        for d in range(1, sizes.shape[1]):
-            groups *= sizes[:, d]
-        return self.global_bytes[self.edge_vid] // groups
+        return self.global_bytes[self.edge_vid] // self._group_sizes(codes, self.use_ic)
 
     def value_bytes(self, codes: np.ndarray, fold: TableFold | None = None) -> np.ndarray:
         """Each value's local bytes: its global bytes over its dimensions' group
@@ -397,12 +393,17 @@ class CostTable:
         alike (`TableFold.value_class`) computed once."""
         def_ic, global_bytes = (self.def_ic, self.global_bytes) if fold is None else \
             (fold.value_def_ic, fold.value_global_bytes)
-        sizes = self.code_size[codes[def_ic]]
+        local = global_bytes // self._group_sizes(codes, def_ic)
+        return local if fold is None else local[fold.value_class]
+
+    def _group_sizes(self, codes: np.ndarray, dims_ic: np.ndarray) -> np.ndarray:
+        """Per row of `dims_ic` (a tensor's dimensions' I-classes, the sentinel
+        past its rank), the devices its sharding under `codes` splits it over."""
+        sizes = self.code_size[codes[dims_ic]]
         groups = sizes[:, 0].copy()
         for d in range(1, sizes.shape[1]):
             groups *= sizes[:, d]
-        local = global_bytes // groups
-        return local if fold is None else local[fold.value_class]
+        return groups
 
     def _walk(self, codes: np.ndarray, communication: bool, fold: TableFold | None = None) -> Walk:
         run = Walk(self, codes)
