@@ -303,7 +303,8 @@ def test_a_meshs_bound_is_at_most_the_price_of_each_plan_it_screens(tmp_path, te
     """`screen_bound` of each plan alone, on every candidate mesh, is at most
     the plan's screened price: a pipeline's (1F1B, the most microbatches),
     gradient accumulation's (one microbatch and the most), and where the
-    step runs once without a pipeline, the price itself."""
+    step runs once without a pipeline, the price itself; and
+    `screen_memory_bound` at most its peak memory."""
     import solver.planning.mesh_screen as mesh_screen
 
     path = tmp_path / "gpt.yaml"
@@ -318,6 +319,9 @@ def test_a_meshs_bound_is_at_most_the_price_of_each_plan_it_screens(tmp_path, te
                 continue
             bound = mesh_screen.screen_bound(spec, built, [plan])
             assert 0 < bound <= screened.step_time_s * (1 + 1e-12), (mesh, plan[0])
+            # And of its memory: the weights and optimizer state, and their updates, at most the peak.
+            need = mesh_screen.screen_memory_bound(spec, built, [plan])
+            assert 0 < need <= screened.peak_memory_bytes, (mesh, plan[0])
             if kind == "one step":
                 assert bound == pytest.approx(screened.step_time_s, rel=1e-9)
             if kind == "pipeline" and spec.stages > 1 or kind == "accumulation" and screened.microbatches > 1:
@@ -343,3 +347,35 @@ def test_meshes_left_unpriced_by_their_bound_change_nothing_searched(screened, m
     for t in left:
         again = next(p for p in priced.tried if p.mesh == t.mesh).screened
         assert again.step_time_s is None or again.step_time_s >= t.screened.bound_s
+
+
+def test_meshes_that_cannot_fit_are_priced_last_and_not_at_all_once_enough_fit(tmp_path, monkeypatch):
+    """On 2.5 MiB devices the plans of data=8 need 5.3 MiB at least (the
+    weights, state and updates of a whole replica): the screen prices it
+    after the meshes that may fit and, once two of them do (`keep`), not at
+    all; priced, it would not fit, and the other meshes screen as they do
+    without memory bounds. (No bounds of time here: they would leave it
+    unpriced first.)"""
+    import solver.planning.mesh_screen as mesh_screen
+    from solver.planning.meshes import _screened
+
+    text = GPT.replace("hardware: {preset: A100-80GB,", "hardware: {preset: A100-80GB, memory: 2.5MiB,")
+    data, path = yaml.safe_load(text), str(tmp_path / "gpt.yaml")
+    jobs = [mesh_screen.ScreenJob(mesh, mesh_spec(data, mesh, path), None) for mesh in candidate_meshes(data, path)]
+    built: dict = {}
+    monkeypatch.setattr(mesh_screen, "screen_bound", lambda *a: 0.0)
+    bounded = [s for s, _ in mesh_screen.screen_meshes(jobs, built, prepare, None, keep=2)]
+    monkeypatch.setattr(mesh_screen, "screen_memory_bound", lambda *a: 0)
+    priced = [s for s, _ in mesh_screen.screen_meshes(jobs, built, prepare, None, keep=2)]
+    left = [job.mesh for job, s in zip(jobs, bounded) if s.memory_bound_bytes is not None]
+    assert (("data", 8),) in left and sum(s.fits for s in priced) >= 2
+    for job, b, p in zip(jobs, bounded, priced):
+        if job.mesh in left:
+            assert b.step_time_s is None and not b.fits and b.memory_bound_bytes > 2.5 * 2**20
+            assert b.source.startswith("not priced: its plans need at least ")
+            assert _screened(b.to_json()) == f"> {b.memory_bound_bytes / 2**30:,.0f} GiB"
+            assert not p.fits  # its price's peak, or its weights and state alone (`_price`), exceed the memory
+            assert p.step_time_s is None or p.peak_memory_bytes >= b.memory_bound_bytes
+        else:
+            assert (b.step_time_s, b.peak_memory_bytes, b.fits, b.source) == \
+                (p.step_time_s, p.peak_memory_bytes, p.fits, p.source)

@@ -49,6 +49,14 @@ stages before it and, after its last backward, for that backward's way
 back (`costmodel.table_stages`): 80 layers over 64 stages put 2 on 16 of
 them, and the step waits for those. Without a pipeline or microbatches
 the bound is the screened price itself.
+
+A mesh none of whose plans can fit is priced after those that may: the
+cost model keeps a step's inputs and results live to its end, so a plan
+needs at least its weights and optimizer state and their updates, split
+over the stages (`screen_memory_bound`, a sum over the parameters). Once
+`keep` meshes fit it is not priced at all, ranking after each of them
+(Megatron's 145.6B: 3 meshes of 96 or 128 replicas on 3 to 6 stages,
+whose plans need 102 to 136 GiB of the 80).
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ import numpy as np
 from costmodel.evaluate import evaluate
 from costmodel.table import CostTable, TimedPlan
 from costmodel.table_stages import pipeline_lower_bound, stage_seconds
-from ir.core import IRError, Recent
+from ir.core import IRError, Recent, Value
 from ir.lower import LoweringError, LowerOptions, lower
 from ir.models.base import Model
 from ir.pipeline import check_stages, value_stages
@@ -94,6 +102,8 @@ class Screened:
     microbatches: int | None = None  # the K screened, for a pipeline or gradient accumulation
     priced: tuple[Priced, ...] = ()  # every pipeline the screen priced (the mesh's search reads them)
     bound_s: float | None = None  # not priced: its plans' lower bound (`screen_bound`) ranks it after the best
+    # Not priced: its plans need more memory than a device has (`screen_memory_bound`), and enough meshes fit.
+    memory_bound_bytes: int | None = None
 
     @property
     def rank(self) -> tuple[bool, float]:
@@ -102,7 +112,8 @@ class Screened:
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
-                "source": self.source, "microbatches": self.microbatches, "bound_s": self.bound_s}
+                "source": self.source, "microbatches": self.microbatches, "bound_s": self.bound_s,
+                "memory_bound_bytes": self.memory_bound_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +157,13 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
                 _program(job.spec, name, built, prepare)
             except (IRError, SpecError):
                 continue  # each screen reports it
-    plans, bounds, spent = _bounds(jobs, built, prepare, processes, bool(keep))
+    plans, bounds, needs, spent = _bounds(jobs, built, prepare, processes, bool(keep))
     best = dict(known or {})  # per mesh, its fastest fitting price
     out: list[tuple[Screened, float] | None] = [None] * len(jobs)
-    order = sorted(range(len(jobs)), key=bounds.__getitem__)
+    # A mesh none of whose plans can fit is priced last: by then `keep` meshes that fit are usually known,
+    # and it ranks after each of them.
+    cannot_fit = [need > job.spec.hardware_obj().capacity_bytes for job, need in zip(jobs, needs)]
+    order = sorted(range(len(jobs)), key=lambda k: (cannot_fit[k], bounds[k]))
     size = ROUND if keep else max(len(jobs), 1)  # without bounds, one round
     # The processes are kept from round to round: what each made for the program (its layers' layout, the
     # lowering's recipes) it keeps, where a process forked per round made it again each round.
@@ -162,6 +176,10 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
                 if bounds[k] * (1 - 1e-9) > threshold:  # its price could only rank after `keep` fitting ones
                     out[k] = (Screened(None, None, False, f"not priced: its plans take at least {bounds[k]:.4g} s",
                                        bound_s=bounds[k]), spent[k])
+                elif cannot_fit[k] and threshold < math.inf:  # as could a plan that does not fit
+                    out[k] = (Screened(None, None, False, f"not priced: its plans need at least "
+                                       f"{needs[k] / 2**30:,.1f} GiB a device", memory_bound_bytes=needs[k]),
+                              spent[k])
                 else:
                     todo.append(k)
             if todo:
@@ -176,10 +194,11 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
 
 
 def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepare, processes: int,
-            bounded: bool) -> tuple[list[_Plans], list[float], list[float]]:
-    """Each job's plans, their bound (0 unless `bounded`) and the seconds
-    they took, in `processes` processes (each mesh's plans are made from
-    the programs already built: a few tenths of a second each at scale)."""
+            bounded: bool) -> tuple[list[_Plans], list[float], list[int], list[float]]:
+    """Each job's plans, their bounds of time and memory (0 unless
+    `bounded`) and the seconds they took, in `processes` processes (each
+    mesh's plans are made from the programs already built: a few tenths of
+    a second each at scale)."""
     if bounded and forks(processes, len(jobs)):
         for program in built.values():  # its table's index, made here once, is shared by the processes
             try:
@@ -190,14 +209,15 @@ def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepa
             except (IRError, NotImplementedError):
                 continue  # no bound from this program (`screen_bound`)
 
-    def one(k: int) -> tuple[_Plans, float, float]:
+    def one(k: int) -> tuple[_Plans, float, int, float]:
         start = time.perf_counter()
         plans = _plans(jobs[k].spec, built, prepare, jobs[k].seed, jobs[k].schedules)
         bound = screen_bound(jobs[k].spec, built, plans) if bounded else 0.0
-        return plans, bound, time.perf_counter() - start
+        need = screen_memory_bound(jobs[k].spec, built, plans) if bounded else 0
+        return plans, bound, need, time.perf_counter() - start
 
     made = forked_map(one, len(jobs), processes)
-    return [m[0] for m in made], [m[1] for m in made], [m[2] for m in made]
+    return [m[0] for m in made], [m[1] for m in made], [m[2] for m in made], [m[3] for m in made]
 
 
 def _timed(job: ScreenJob, built: dict, options: LowerOptions | None, plans: _Plans,
@@ -262,6 +282,55 @@ def screen_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Pla
             return 0.0
         least = min(least, bound_s)
     return least if least < math.inf else 0.0
+
+
+def screen_memory_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plans: _Plans) -> int:
+    """A lower bound of the peak memory of a device with each of `plans`,
+    the least of them (module docstring, "Bounds"); 0 where a plan has no
+    bound (the screen says why). The cost model keeps the step's inputs
+    and its results live to its end, so a step's peak is at least the
+    weights and optimizer state it reads plus their updates. A pipelined
+    (or accumulating) stage's peak is its inputs and then the larger of
+    its microbatches' memory and its update's, which holds the update's
+    results (`costmodel.pipeline`): the busiest of P stages holds at least
+    a P-th of the inputs and of the updates (with v chunks a device, a
+    P v-th of the updates, its chunks' updates running one after another)."""
+    mesh = spec.sharding_mesh()
+    least = None
+    for _, remat, plan, _ in plans:
+        if plan is None:
+            continue
+        program = built[remat]
+        try:
+            sharding = plan.materialize(program.nda)
+        except (IRError, NotImplementedError):
+            return 0
+        read, updates = _state_values(program.model)
+        inputs = sum(local_type(v.type, sharding.def_dims(program.nda, v), mesh).num_bytes for v in read)
+        made = sum(local_type(v.type, sharding.def_dims(program.nda, v), mesh).num_bytes for v in updates)
+        need = inputs // spec.stages + made // (spec.stages * spec.chunks) if spec.pipelined else inputs + made
+        least = need if least is None else min(least, need)
+    return least or 0
+
+
+_STATE_VALUES = Recent(2)  # per program: the weights and state its step reads, and the results updating them
+
+
+def _state_values(model: Model) -> tuple[tuple[Value, ...], tuple[Value, ...]]:
+    """The parameters of the step that are not batch inputs and that some
+    op reads, and the results an op makes whose origin is a weight or
+    optimizer state (`Model.origins`: their updates; none for an imported
+    step)."""
+    def make() -> tuple[tuple[Value, ...], tuple[Value, ...]]:
+        fn = model.function
+        operands = {v for op in fn.ops for v in op.operands}
+        made = {r for op in fn.ops for r in op.results}
+        origins, state = dict(model.origins), set(model.params) | set(model.state)
+        read = tuple(p for p in fn.params if p.name not in model.inputs and p in operands)
+        updates = tuple(dict.fromkeys(r for r in fn.results if r in made and origins.get(r.name) in state))
+        return read, updates
+
+    return _STATE_VALUES.get((model.function,), None, make)
 
 
 _VALUE_LAYERS = Recent(2)  # per program: its layers, and each of its table's values' (`_value_layers`)
@@ -336,10 +405,8 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     # the stages, exceed a device's memory, the plan does not fit, and lowering it would only say so.
     sharding = plan.materialize(program.nda)
     mesh = spec.sharding_mesh()
-    fn = program.model.function
-    read = {v for op in fn.ops for v in op.operands}
-    resident = sum(local_type(p.type, sharding.def_dims(program.nda, p), mesh).num_bytes
-                   for p in fn.params if p.name not in program.model.inputs and p in read)
+    read, _ = _state_values(program.model)
+    resident = sum(local_type(p.type, sharding.def_dims(program.nda, p), mesh).num_bytes for p in read)
     if resident / spec.stages > hardware.capacity_bytes:
         return Screened(None, resident // spec.stages, False, f"{source} (its weights and state alone exceed a "
                         "device's memory)", plan, remat)
@@ -367,4 +434,5 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     return dataclasses.replace(best, priced=tuple(priced))
 
 
-__all__ = ["ScreenJob", "Screened", "mesh_shape", "screen_mesh", "screen_meshes"]
+__all__ = ["ScreenJob", "Screened", "mesh_shape", "screen_bound", "screen_memory_bound", "screen_mesh",
+           "screen_meshes"]

@@ -299,8 +299,13 @@ class _Meshes:
         for mesh, spec in self.meshes:
             if mesh not in self.tried:
                 screened, seconds = screens[mesh]
-                why = (f"not priced: at least {screened.bound_s * 1e3:,.3f} ms, after the {searched} best screened"
-                       if screened.bound_s is not None else f"screened {ranked.index(mesh) + 1} of {len(ranked)}")
+                if screened.bound_s is not None:
+                    why = f"not priced: at least {screened.bound_s * 1e3:,.3f} ms, after the {searched} best screened"
+                elif screened.memory_bound_bytes is not None:
+                    why = (f"not priced: its plans need at least {screened.memory_bound_bytes / 2**30:,.1f} GiB a "
+                           f"device (more than there is), after the {searched} best screened")
+                else:
+                    why = f"screened {ranked.index(mesh) + 1} of {len(ranked)}"
                 self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), None, f"{why}, not searched",
                                              seconds, screened, searched=False)
 
@@ -415,7 +420,12 @@ def _screened(screen: dict[str, Any] | None) -> str:
     if screen is None:
         return "-"
     if screen["step_time_s"] is None:
-        return "no plan" if screen.get("bound_s") is None else f"> {screen['bound_s'] * 1e3:,.0f} ms"
+        if screen.get("memory_bound_bytes") is not None:
+            return f"> {screen['memory_bound_bytes'] / 2**30:,.0f} GiB"
+        if screen.get("bound_s") is None:
+            return "no plan"
+        ms = screen["bound_s"] * 1e3
+        return f"> {ms:,.0f} ms" if ms >= 100 else f"> {ms:.3g} ms"  # not "> 0 ms"
     return f"{screen['step_time_s'] * 1e3:,.3f} ms" + ("" if screen["fits"] else "*")
 
 
