@@ -221,7 +221,8 @@ def main() -> None:
         text = (auto_table(rows) + "\n\nt x p x d, K: tensor x pipeline x data and microbatches; `mesh: auto`: "
                 "`mesh: {pipeline: auto, data: auto, model: auto}`, `microbatches: auto`, the links from the "
                 "preset's nodes, CP-SAT with the screen's default 4 meshes searched"
-                + (f", the meshes screened and the re-ranked plans scored in {args.jobs} processes "
+                + (f", the meshes screened, the 3 searched after the first and the re-ranked plans scored in "
+                   f"{args.jobs} processes "
                    f"(`--jobs {args.jobs}`)" if args.jobs > 1 else "")
                 + f". Python {platform.python_version()} on {platform.machine()}, "
                 f"`python bench/megatron.py --mesh-auto{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"

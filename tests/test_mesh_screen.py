@@ -110,20 +110,40 @@ def test_without_schedules_the_first_mesh_is_searched_and_its_plan_screens_the_r
     assert sum(t.searched for t in search.tried) == 2
 
 
-def test_cli_mesh_search_shows_the_screen(capsys, screened):
+def test_cli_mesh_search_shows_the_screen(capsys, screened, monkeypatch):
+    """With --jobs 2 the screens run in two processes, and the meshes left to
+    search after the first side by side: the same rows and answer."""
+    from solver.planning.meshes import _Meshes
+
     path, _ = screened
-    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--json")
-    rows = json.loads(out)["mesh_search"]
-    assert sum(r["searched"] for r in rows) == 1
-    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "1", "--jobs", "2",
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "3", "--json")
+    alone = json.loads(out)
+    rows = alone["mesh_search"]
+    assert sum(r["searched"] for r in rows) == 3
+    side_by_side = []
+    real = _Meshes.search_side_by_side
+
+    def spied(self, waiting):
+        real(self, waiting)
+        for mesh, _ in waiting:  # each plan back with the program and analysis this process holds
+            planned = self.tried[mesh].planned
+            program = self.built[planned.remat]
+            assert planned.model is program.model and planned.nda is program.nda
+        side_by_side.append(len(waiting))
+
+    monkeypatch.setattr(_Meshes, "search_side_by_side", spied)
+    code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "3", "--jobs", "2",
                                "--json")
     assert code == 0, err
-    in_processes = json.loads(out)["mesh_search"]
-    assert [(r["mesh"], r["screened"], r["step_time_s"]) for r in in_processes] == \
-        [(r["mesh"], r["screened"], r["step_time_s"]) for r in rows]
+    assert side_by_side == [2]  # the first mesh searched alone (its plan screens the others again), then two
+    in_processes = json.loads(out)
+    assert [(r["mesh"], r["screened"], r["step_time_s"], r["searched"]) for r in in_processes["mesh_search"]] == \
+        [(r["mesh"], r["screened"], r["step_time_s"], r["searched"]) for r in rows]
+    assert (in_processes["mesh"], in_processes["plan"], in_processes["cost"]) == \
+        (alone["mesh"], alone["plan"], alone["cost"])
     # The text form is these rows formatted (`plan` without --json prints it; test_meshes runs that path).
     out = format_mesh_search(rows, 8)
-    assert "each screened with the plans it has, the 1 best searched" in out and "not searched)" in out
+    assert "each screened with the plans it has, the 3 best searched" in out and "not searched)" in out
     assert all(r["screened"]["source"] for r in rows) and any(r["best"] for r in rows)
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "cpsat", "--search-meshes", "0")
     assert code == 1 and "a mesh search searches at least one mesh; got 0" in err

@@ -406,9 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a mesh search with more candidate meshes than N screens each with the plans it "
                            "has (its named schedules, the best searched plan) and searches the N best (default 4)")
             p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                           help="N processes (default 1; the same answer, Linux's fork) for a mesh search's "
-                           "screen of its candidate meshes, for scoring the plans a pipelined spec re-ranks, and "
-                           "for pricing the MCTS's candidate plans")
+                           help="N processes (default 1; Linux's fork) for a mesh search's screen of its "
+                           "candidate meshes and its searches after the first, for scoring the plans a pipelined "
+                           "spec re-ranks, and for pricing the MCTS's candidate plans: the same answer (of equally "
+                           "fast plans, a mesh search may answer with another)")
             p.add_argument("--stages", type=_int_list, default=(1, 2, 4), metavar="LIST",
                            help="--grid: the pipeline stage counts, e.g. 1,2,4 (default) or 1-8")
             p.add_argument("--microbatches", type=_int_list, default=tuple(range(1, 33)), metavar="LIST",

@@ -22,7 +22,8 @@ meshes before (its decisions on the axes both meshes have), as XLA's
 auto-sharding carries hints across the mesh shapes it tries. With more
 candidates than the meshes to search (`SEARCHED`, `--search-meshes`), every
 mesh is screened first and the best are searched (`_Meshes.screen_and_search`,
-`solver.planning.mesh_screen`).
+`solver.planning.mesh_screen`); with `--jobs`, those after the first side
+by side (`_Meshes.search_side_by_side`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from solver.planning.floor import manual_schedules
 from solver.planning.mesh_screen import Screened, ScreenJob, mesh_shape, screen_meshes
 from solver.planning.planner import Planned, Prepared, SearchOverrides, complete, plan_spec, prepare
 from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
+from solver.search.forked import forked_map, forks
 from solver.search.report import SILENT, NoPlanFits, Progress
 
 AUTO = "auto"
@@ -253,25 +255,58 @@ class _Meshes:
         self.searched = SEARCHED  # meshes searched in all (`screen_and_search`)
 
     def search(self, mesh: tuple, spec: Spec, screened: Screened | None = None) -> None:
-        """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's).
-        A pipeline whose microbatches are `auto` is searched with its screen's count: the search sees
-        one microbatch's memory, not the whole batch's (whose plans a deep pipeline rarely fits)."""
+        """Plan the mesh with the search backend, hinted with the best plan so far (or its screen's)."""
+        self.progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
+        self.tried[mesh] = self._searched(mesh, spec, screened, self.overrides, self.progress)
+
+    def _searched(self, mesh: tuple, spec: Spec, screened: Screened | None, overrides: SearchOverrides | None,
+                  progress: Progress) -> MeshTried:
+        """`search`'s plan of the mesh. A pipeline whose microbatches are `auto` is searched with its
+        screen's count: the search sees one microbatch's memory, not the whole batch's (whose plans a
+        deep pipeline rarely fits)."""
         start = time.perf_counter()
         if screened is not None and screened.microbatches and spec.microbatches_auto and spec.stages > 1:
             spec = mesh_spec({**self.data, "microbatches": screened.microbatches}, mesh, self.filename)
-        self.progress.update(f"mesh search: {mesh_shape(mesh)}", force=True)
         hint, hint_remat = _seed(list(self.tried.values()), self.built, spec.sharding_mesh())
         if hint is None and screened is not None and screened.plan is not None and screened.fits:
             hint, hint_remat = screened.plan, screened.remat
         try:
-            planned = plan_spec(spec, self.solver, self.options, self.overrides, self.progress, built=self.built,
+            planned = plan_spec(spec, self.solver, self.options, overrides, progress, built=self.built,
                                 hint=hint, hint_remat=hint_remat, whole=False,
                                 known=screened.priced if screened is not None else ())
             message = planned.search[-1].message if planned.search else ""
         except (NoPlanFits, SpecError) as exc:  # SpecError: this mesh cannot run the step (more stages than layers)
             planned, message = None, str(exc).removeprefix(f"{self.filename}: ")
-        self.tried[mesh] = MeshTried(mesh, _links(spec, mesh), planned, message, time.perf_counter() - start,
-                                     screened)
+        return MeshTried(mesh, _links(spec, mesh), planned, message, time.perf_counter() - start, screened)
+
+    def search_side_by_side(self, waiting: list[tuple[tuple, Screened]]) -> None:
+        """`search` each mesh, in `jobs` processes (each search in one): a
+        search runs in one process but for its re-ranking, so two side by
+        side take about the time of one. Each is hinted with the best plan
+        searched before them all (one after another, a search is hinted
+        with the searches just before it too: CP-SAT's optimum is the same,
+        which of equal plans it answers with may not be). A child sends its
+        plan back without the program and its analysis, which the meshes
+        share (`built`), and this process puts them back."""
+        specs = dict(self.meshes)
+        overrides = dataclasses.replace(self.overrides or SearchOverrides(), jobs=1)
+        self.progress.update(f"mesh search: {', '.join(mesh_shape(m) for m, _ in waiting)} ({self.jobs} processes)",
+                             force=True)
+
+        def one(k: int) -> MeshTried:
+            mesh, screened = waiting[k]
+            tried = self._searched(mesh, specs[mesh], screened, overrides, SILENT)
+            if tried.planned is None:
+                return tried
+            return dataclasses.replace(tried, planned=dataclasses.replace(tried.planned, model=None, nda=None))
+
+        for tried in forked_map(one, len(waiting), self.jobs):
+            if tried.planned is not None:
+                program = self.built.get(tried.planned.remat) or prepare(tried.planned.spec, tried.planned.remat)
+                self.built.setdefault(tried.planned.remat, program)
+                tried = dataclasses.replace(tried, planned=dataclasses.replace(tried.planned, model=program.model,
+                                                                                nda=program.nda))
+            self.tried[tried.mesh] = tried
 
     def screen_and_search(self, searched: int) -> None:
         """Screen every mesh with its named schedules and search the best; screen
@@ -291,6 +326,10 @@ class _Meshes:
             ranked = sorted(screens, key=lambda m: screens[m][0].rank)
             waiting = [m for m in ranked if m not in self.tried]
             if not waiting or len(self.tried) >= searched:
+                break
+            if rescreened and forks(self.jobs, min(len(waiting), searched - len(self.tried))):
+                # The screens are final, so are the meshes left to search: side by side.
+                self.search_side_by_side([(m, screens[m][0]) for m in waiting[:searched - len(self.tried)]])
                 break
             self.search(waiting[0], dict(self.meshes)[waiting[0]], screens[waiting[0]][0])
             if not rescreened and self._has_seed():
