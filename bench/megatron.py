@@ -49,7 +49,7 @@ import yaml
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 sys.path.append(_HERE)  # after the packages: bench/costmodel.py must not shadow costmodel
-from readme_table import write_table  # noqa: E402, I001
+from readme_table import reference_seconds, write_table  # noqa: E402, I001
 from scale import ROOT, run_command  # noqa: E402  (importing it takes this directory off sys.path again)
 
 CONFIGS = ROOT.parent / "shared" / "megatron_gpt_configs.json"
@@ -202,7 +202,8 @@ def main() -> None:
     parser.add_argument("--mesh-auto", action="store_true",
                         help="also plan each configuration with mesh and microbatches auto (its own table)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="--mesh-auto: screen the meshes and score the re-ranked plans in N processes (default 1)")
+                        help="--mesh-auto: screen the meshes, search those after the first and score the "
+                        "re-ranked plans in N processes (default 1)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
@@ -210,10 +211,12 @@ def main() -> None:
     if args.only:
         configs = [c for c in configs if f"{c['params_billion']:g}" in args.only]
     rows = []
+    speed = [reference_seconds()]  # the hour's speed, before and after
     with tempfile.TemporaryDirectory() as directory:
         for config in configs:
             rows.append(measure(config, args.search, args.mesh_auto, Path(directory), args.jobs))
             print(json.dumps(rows[-1]), file=sys.stderr)
+    speed.append(reference_seconds())
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -224,7 +227,9 @@ def main() -> None:
                 + (f", the meshes screened, the 3 searched after the first and the re-ranked plans scored in "
                    f"{args.jobs} processes "
                    f"(`--jobs {args.jobs}`)" if args.jobs > 1 else "")
-                + f". Python {platform.python_version()} on {platform.machine()}, "
+                + f". Python {platform.python_version()} on {platform.machine()}, a reference Python workload "
+                f"{speed[0]:.2f} s before and {speed[1]:.2f} s after (`bench/readme_table.reference_seconds`: the "
+                "hour's speed; the walls scale with it), "
                 f"`python bench/megatron.py --mesh-auto{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
                 f"{''.join(f' --only {o}' for o in args.only or [])}`.")
         print(text)
