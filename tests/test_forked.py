@@ -1,5 +1,6 @@
-"""solver.search.forked.Helpers: work shared with forked processes kept
-open, the results in order, a helper's failure raised here."""
+"""solver.search.forked: work shared with forked processes (kept open by
+`Helpers`, one batch by `forked_map`), the results in order, a helper's
+failure raised here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from solver.search.forked import Helpers, forks
+from solver.search.forked import Helpers, forked_map, forks
 
 needs_fork = pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
 
@@ -72,3 +73,20 @@ def test_a_failure_here_leaves_no_answer_for_the_next_batch():
         with pytest.raises(ValueError, match="three"):
             helpers.map([1, 0, 3, 2])  # 3 fails here (even positions), 0 and 2 were the helper's
         assert helpers.map([4, 5, 6, 7]) == [4, 5, 6, 7]  # not the helper's answer to the batch before
+
+
+@needs_fork
+def test_forked_map_returns_every_result_in_order_from_its_processes():
+    done = []
+    out = forked_map(_where, 6, 2, done.append)
+    assert [r for r, _ in out] == [x * x for x in range(6)] and done == list(range(6))
+    assert os.getpid() not in {pid for _, pid in out}  # the children's, this process waits
+    assert forked_map(_where, 3, 1) == [(x * x, os.getpid()) for x in range(3)]  # one process: here
+
+
+@needs_fork
+def test_forked_map_raises_when_a_child_dies_rather_than_wait_for_it():
+    with pytest.raises(RuntimeError, match="killed for memory"):
+        forked_map(_dies_on_three, 5, 2)
+    with pytest.raises(ValueError, match="three is not allowed"):  # an exception comes back as it was
+        forked_map(_fails_on_three, 5, 2)

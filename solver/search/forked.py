@@ -9,6 +9,8 @@ from __future__ import annotations
 import multiprocessing
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, NoReturn, TypeVar
 
 T = TypeVar("T")
@@ -26,7 +28,9 @@ def forked_map(work: Callable[[int], T], count: int, processes: int,
     """[work(0), ..., work(count - 1)]: in `processes` forked processes where
     there are several and the platform forks, else here; `done(k)` after the
     k-th result. `work` must give the same result wherever it runs, and
-    what it changes (a cache) stays in the child."""
+    what it changes (a cache) stays in the child. A child that dies (the
+    kernel's OOM killer) raises here: a `multiprocessing.Pool` would wait
+    for its answer forever."""
     global _WORK
     if not forks(processes, count):
         out = []
@@ -37,13 +41,16 @@ def forked_map(work: Callable[[int], T], count: int, processes: int,
         return out
     _WORK = work
     try:
-        with multiprocessing.get_context("fork").Pool(min(processes, count)) as pool:
+        with ProcessPoolExecutor(min(processes, count), mp_context=multiprocessing.get_context("fork")) as pool:
             out = []
-            for k, result in enumerate(pool.imap(_run, range(count))):
+            for k, result in enumerate(pool.map(_run, range(count))):
                 out.append(result)
                 if done is not None:
                     done(k)
             return out
+    except BrokenProcessPool:
+        raise RuntimeError("a process working beside this one ended without answering (killed for memory?); run "
+                           "with one process (--jobs 1)") from None
     finally:
         _WORK = None
 
