@@ -201,6 +201,7 @@ def _bounds(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared], prepa
     a second each at scale)."""
     if bounded and forks(processes, len(jobs)):
         for program in built.values():  # its table's index, made here once, is shared by the processes
+            _state_values(program.model)  # and its weights, state and updates (`screen_memory_bound`)
             try:
                 table = CostTable(program.model.function, program.nda, jobs[0].spec.sharding_mesh(),
                                   jobs[0].spec.hardware_obj())
