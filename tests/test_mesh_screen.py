@@ -378,6 +378,7 @@ def test_meshes_that_cannot_fit_are_priced_last_and_not_at_all_once_enough_fit(t
     unpriced first.)"""
     import solver.planning.mesh_screen as mesh_screen
     from solver.planning.meshes import _screened
+    from solver.planning.plan_text import format_bytes
 
     text = GPT.replace("hardware: {preset: A100-80GB,", "hardware: {preset: A100-80GB, memory: 2.5MiB,")
     data, path = yaml.safe_load(text), str(tmp_path / "gpt.yaml")
@@ -393,7 +394,7 @@ def test_meshes_that_cannot_fit_are_priced_last_and_not_at_all_once_enough_fit(t
         if job.mesh in left:
             assert b.step_time_s is None and not b.fits and b.memory_bound_bytes > 2.5 * 2**20
             assert b.source.startswith("not priced: its plans need at least ")
-            assert _screened(b.to_json()) == f"> {b.memory_bound_bytes / 2**30:,.0f} GiB"
+            assert _screened(b.to_json()) == f"> {format_bytes(b.memory_bound_bytes)}"  # "> 5.28 MiB"
             assert not p.fits  # its price's peak, or its weights and state alone (`_price`), exceed the memory
             assert p.step_time_s is None or p.peak_memory_bytes >= b.memory_bound_bytes
         else:

@@ -81,6 +81,7 @@ from ir.sharding import local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
 from solver.planning.pipelining import check_spec_stages, microbatch_counts, pipelined_cost, search_nda
+from solver.planning.plan_text import format_bytes
 from solver.planning.planner import Prepared
 from solver.planning.shallow import shallow_step_cost
 from solver.planning.spec import Spec, SpecError
@@ -178,8 +179,7 @@ def screen_meshes(jobs: list[ScreenJob], built: dict[tuple[str, ...], Prepared],
                                        bound_s=bounds[k]), spent[k])
                 elif cannot_fit[k] and threshold < math.inf:  # as could a plan that does not fit
                     out[k] = (Screened(None, None, False, f"not priced: its plans need at least "
-                                       f"{needs[k] / 2**30:,.1f} GiB a device", memory_bound_bytes=needs[k]),
-                              spent[k])
+                                       f"{format_bytes(needs[k])} a device", memory_bound_bytes=needs[k]), spent[k])
                 else:
                     todo.append(k)
             if todo:

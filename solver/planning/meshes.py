@@ -43,6 +43,7 @@ from ir.pipeline import PIPELINE
 from solver.plan import Plan
 from solver.planning.floor import manual_schedules
 from solver.planning.mesh_screen import Screened, ScreenJob, mesh_shape, screen_meshes
+from solver.planning.plan_text import format_bytes
 from solver.planning.planner import Planned, Prepared, SearchOverrides, complete, plan_spec, prepare
 from solver.planning.spec import Spec, SpecError, is_mesh_search, parse_yaml, read_spec_text, validate_spec
 from solver.search.forked import forked_map, forks
@@ -341,7 +342,7 @@ class _Meshes:
                 if screened.bound_s is not None:
                     why = f"not priced: at least {screened.bound_s * 1e3:,.3f} ms, after the {searched} best screened"
                 elif screened.memory_bound_bytes is not None:
-                    why = (f"not priced: its plans need at least {screened.memory_bound_bytes / 2**30:,.1f} GiB a "
+                    why = (f"not priced: its plans need at least {format_bytes(screened.memory_bound_bytes)} a "
                            f"device (more than there is), after the {searched} best screened")
                 else:
                     why = f"screened {ranked.index(mesh) + 1} of {len(ranked)}"
@@ -460,7 +461,7 @@ def _screened(screen: dict[str, Any] | None) -> str:
         return "-"
     if screen["step_time_s"] is None:
         if screen.get("memory_bound_bytes") is not None:
-            return f"> {screen['memory_bound_bytes'] / 2**30:,.0f} GiB"
+            return f"> {format_bytes(screen['memory_bound_bytes'])}"
         if screen.get("bound_s") is None:
             return "no plan"
         ms = screen["bound_s"] * 1e3
