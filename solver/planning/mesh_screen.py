@@ -72,12 +72,13 @@ import numpy as np
 from costmodel.evaluate import evaluate
 from costmodel.table import CostTable, TimedPlan
 from costmodel.table_stages import pipeline_lower_bound, stage_seconds
-from ir.core import IRError, Recent, Value
+from ir.core import IRError, Mesh, Recent, Value
 from ir.lower import LoweringError, LowerOptions, lower
 from ir.models.base import Model
+from ir.nda import NDA
 from ir.pipeline import check_stages, value_stages
 from ir.remat import layer_count
-from ir.sharding import local_type
+from ir.sharding import FactorSharding, local_type
 from solver.plan import Plan
 from solver.planning.floor import Priced, manual_schedules
 from solver.planning.pipelining import check_spec_stages, microbatch_counts, pipelined_cost, search_nda
@@ -307,11 +308,15 @@ def screen_memory_bound(spec: Spec, built: dict[tuple[str, ...], Prepared], plan
         except (IRError, NotImplementedError):
             return 0
         read, updates = _state_values(program.model)
-        inputs = sum(local_type(v.type, sharding.def_dims(program.nda, v), mesh).num_bytes for v in read)
-        made = sum(local_type(v.type, sharding.def_dims(program.nda, v), mesh).num_bytes for v in updates)
+        inputs, made = (_local_bytes(values, program.nda, sharding, mesh) for values in (read, updates))
         need = inputs // spec.stages + made // (spec.stages * spec.chunks) if spec.pipelined else inputs + made
         least = need if least is None else min(least, need)
     return least or 0
+
+
+def _local_bytes(values: tuple[Value, ...], nda: NDA, sharding: FactorSharding, mesh: Mesh) -> int:
+    """The bytes of `values` on one device, each as the plan defines it."""
+    return sum(local_type(v.type, sharding.def_dims(nda, v), mesh).num_bytes for v in values)
 
 
 _STATE_VALUES = Recent(2)  # per program: the weights and state its step reads, and the results updating them
@@ -407,7 +412,7 @@ def _price(spec: Spec, program: Prepared, plan: Plan, source: str, remat: tuple[
     sharding = plan.materialize(program.nda)
     mesh = spec.sharding_mesh()
     read, _ = _state_values(program.model)
-    resident = sum(local_type(p.type, sharding.def_dims(program.nda, p), mesh).num_bytes for p in read)
+    resident = _local_bytes(read, program.nda, sharding, mesh)
     if resident / spec.stages > hardware.capacity_bytes:
         return Screened(None, resident // spec.stages, False, f"{source} (its weights and state alone exceed a "
                         "device's memory)", plan, remat)

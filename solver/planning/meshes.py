@@ -303,8 +303,10 @@ class _Meshes:
 
         for tried in forked_map(one, len(waiting), self.jobs):
             if tried.planned is not None:
-                program = self.built.get(tried.planned.remat) or prepare(tried.planned.spec, tried.planned.remat)
-                self.built.setdefault(tried.planned.remat, program)
+                remat = tried.planned.remat
+                if remat not in self.built:  # a program the child built for itself
+                    self.built[remat] = prepare(tried.planned.spec, remat)
+                program = self.built[remat]
                 tried = dataclasses.replace(tried, planned=dataclasses.replace(tried.planned, model=program.model,
                                                                                 nda=program.nda))
             self.tried[tried.mesh] = tried
