@@ -137,3 +137,30 @@ def test_spec_schedule_errors():
     text = head + "  - {}\n"
     with pytest.raises(Exception, match="exactly one of manual, replicate, resolve, remat, ring_attention, auto"):
         parse_spec(text, "t.yaml")
+
+
+@pytest.mark.parametrize("solver, setting, expected", [
+    ("cpsat", None, 30.0), ("mcts", None, 50.0), ("cpsat", 7.0, 7.0), ("mcts", 7.0, 7.0)])
+def test_each_backend_gets_its_own_default_budget_and_a_set_one_as_is(monkeypatch, solver, setting, expected):
+    # CP-SAT's budget is deterministic time, sized so `plan --solver cpsat` answers in under a minute;
+    # the MCTS's is a wall-time backstop: a spec or `--time-limit` that sets one gives it to either.
+    from solver.search import cpsat, mcts
+
+    seen = []
+    for module in (cpsat, mcts):
+        real = module.solve
+        monkeypatch.setattr(module, "solve", lambda space, table, options, *a, real=real, **kw:
+                            seen.append(options.time_limit_s) or real(space, table, options, *a, **kw))
+    limit = "" if setting is None else f", time_limit: {setting}"
+    spec = parse_spec(f"""
+model: {{builder: mlp, args: {{batch: 8, d_in: 16, hidden: 32, d_out: 8}}, step: forward}}
+devices: 4
+mesh: {{batch: 2, model: 2}}
+hardware: H100-SXM
+schedules:
+  S:
+    tactics:
+      - auto: {{axes: [batch, model], solver: {solver}{limit}}}
+""")
+    plan_spec(spec, solver, floor=False)
+    assert seen and set(seen) == {expected}

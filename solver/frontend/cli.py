@@ -26,11 +26,13 @@ import numpy as np
 from ir import interpret
 from ir.core import IRError
 from ir.text import parse_file
-from solver.search import SEARCH_TIME_LIMIT_S
+from solver.search import CPSAT_TIME_LIMIT_S, MCTS_TIME_LIMIT_S
 
 EXIT_INPUT_ERROR = 1
 EXIT_NO_PLAN = 3  # compare: a backend returned no plan (the report says why)
 EXIT_CHECK_FAILED = 4  # check: a schedule did not produce what its spec expects
+_DEFAULT_BUDGETS = (f"{CPSAT_TIME_LIMIT_S:g} s of CP-SAT's deterministic time, "
+                    f"{MCTS_TIME_LIMIT_S:g} s of wall time for the MCTS")
 EXIT_INTERNAL_ERROR = 70
 # `run` is a semantics check on small shapes; refuse values that would not fit
 # comfortably in this machine's memory rather than die in numpy.
@@ -426,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     _schedule_argument(p)
     p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
                    help="time limit of each backend on each auto tactic "
-                        f"(default: the spec's, else {SEARCH_TIME_LIMIT_S:g})")
+                        f"(default: the spec's, else {_DEFAULT_BUDGETS})")
     _search_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON: {\"cpsat\": ..., \"mcts\": ...} (docs/json.md)")
     p.set_defaults(func=cmd_compare)
@@ -506,7 +508,7 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
                    "with that backend or, if it has none, search every mesh axis (the schedule becomes "
                    "CP-SAT's hint)")
     p.add_argument("--time-limit", type=_positive_float, metavar="SECONDS",
-                   help=f"time limit of each auto tactic (default: the spec's, else {SEARCH_TIME_LIMIT_S:g})")
+                   help=f"time limit of each auto tactic (default: the spec's, else {_DEFAULT_BUDGETS})")
     _search_arguments(p)
 
 

@@ -39,7 +39,6 @@ from solver.frontend.annotate import annotate_planned
 from solver.frontend.hlo_collectives import xla_collectives  # noqa: F401 - the bridge's API
 from solver.planning.planner import Planned, SearchOverrides, plan_spec
 from solver.planning.spec import load_spec
-from solver.search import SEARCH_TIME_LIMIT_S
 
 
 def auto_mesh(shape: Sequence[int], axes: Sequence[str]) -> jax.sharding.Mesh:
@@ -121,7 +120,7 @@ def path_name(path: Any) -> str:
 def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.Mesh,
              hardware: str | Mapping[str, Any] = "H100-SXM", memory: str | int | None = None,
              solver: str = "cpsat", inputs: Sequence[str] | None = None, state: Sequence[str] = (),
-             tactics: Sequence[Mapping[str, Any]] | None = None, time_limit_s: float = SEARCH_TIME_LIMIT_S,
+             tactics: Sequence[Mapping[str, Any]] | None = None, time_limit_s: float | None = None,
              seed: int = 0, workdir: str | pathlib.Path | None = None) -> JaxPlan:
     """Plan `fn(*args)` on `mesh` and compile it with the plan (see the
     module docstring).
@@ -137,7 +136,8 @@ def plan_jax(fn: Callable[..., Any], args: Sequence[Any], *, mesh: jax.sharding.
       {"remat": {...}}]`); by default batch parallelism over the mesh's
       first axis on the inputs. `solver` `cpsat` or `mcts` searches from
       it (it is the floor the search must beat), `none` runs it as is.
-    - `time_limit_s` and `seed`: the search's budget and seed.
+    - `time_limit_s` and `seed`: the search's budget (None: the solver's
+      default, `solver.search.default_time_limit_s`) and seed.
     """
     args = tuple(args)
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]

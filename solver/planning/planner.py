@@ -42,6 +42,7 @@ from solver.planning.pipelining import (
 from solver.planning.plan_text import format_bytes
 from solver.planning.spec import Spec, SpecError
 from solver.planning.tactics import Auto, Pin, RingAttention, Tactic, apply_schedule
+from solver.search import default_time_limit_s
 from solver.search.report import SILENT, NoPlanFits, Progress
 
 SOLVERS = ("none", "cpsat", "mcts")
@@ -521,18 +522,19 @@ class _Search:
                 CostTable(self.model.function, self.nda, self.mesh, self.hardware)
         space = SearchSpace(self.nda, plan, auto.axes, data_inputs=self.model.inputs,
                             optimizer_state=self.model.state)
+        budget = default_time_limit_s(auto.solver) if auto.time_limit_s is None else auto.time_limit_s
         try:
             if auto.solver == "mcts":  # each backend imported where it runs (OR-tools: a quarter second)
                 from solver.search import mcts
 
-                options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=auto.time_limit_s, seed=auto.seed,
+                options = mcts.MctsOptions(iterations=auto.iterations, time_limit_s=budget, seed=auto.seed,
                                            jobs=self.jobs)
                 result = mcts.solve(space, self._table, options, self.progress, incumbent=self._start(space))
             else:
                 from solver.search import cpsat
 
                 hint = self._start(space)
-                options = cpsat.CpSatOptions(auto.time_limit_s, auto.workers, auto.seed, rerank=auto.rerank)
+                options = cpsat.CpSatOptions(budget, auto.workers, auto.seed, rerank=auto.rerank)
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",

@@ -11,7 +11,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solver.planning.tactics import Auto, Manual, Remat, Replicate, Resolve, RingAttention, Tactic
-from solver.search import SEARCH_TIME_LIMIT_S
 
 
 class StrictModel(BaseModel):
@@ -41,7 +40,7 @@ class AutoSpec(StrictModel):
 
     axes: list[str] = Field(min_length=1)
     solver: Literal["cpsat", "mcts"] = "cpsat"
-    time_limit: float = Field(default=SEARCH_TIME_LIMIT_S, gt=0)  # seconds
+    time_limit: float | None = Field(default=None, gt=0)  # seconds; None: the solver's default
     workers: int = Field(default=1, ge=1)  # CP-SAT
     seed: int = 0
     iterations: int = Field(default=200, ge=1)  # MCTS trajectories

@@ -48,7 +48,6 @@ from ir.nda import NDA
 from ir.remat import REMAT_SUFFIX
 from ir.sharding import Decision
 from solver.plan import Plan
-from solver.search import SEARCH_TIME_LIMIT_S
 
 FIRST_DIVISIBLE = "first_divisible"
 
@@ -102,7 +101,7 @@ class RingAttention:
 class Auto:
     axes: tuple[str, ...]
     solver: str = "cpsat"
-    time_limit_s: float = SEARCH_TIME_LIMIT_S
+    time_limit_s: float | None = None  # None: the solver's (`solver.search.default_time_limit_s`)
     workers: int = 1  # CP-SAT
     seed: int = 0
     iterations: int = 200  # MCTS trajectories

@@ -63,7 +63,7 @@ from costmodel.table import CostTable
 from ir.core import IRError
 from ir.sharding import FactorSharding
 from solver.plan import Plan
-from solver.search import SEARCH_TIME_LIMIT_S
+from solver.search import CPSAT_TIME_LIMIT_S
 from solver.search.cpsat_memory import memory_cuts
 from solver.search.cpsat_terms import Term, TermModel
 from solver.search.forked import Helpers, forks
@@ -76,7 +76,7 @@ from solver.search.zero import WHOLE
 
 @dataclass(frozen=True, slots=True)
 class CpSatOptions:
-    time_limit_s: float = SEARCH_TIME_LIMIT_S
+    time_limit_s: float = CPSAT_TIME_LIMIT_S  # deterministic seconds, summed over the solves
     workers: int = 1
     seed: int = 0
     rerank: int = 1  # the best distinct plans the simulator compares (1: the solver's optimum as it is)

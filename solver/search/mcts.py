@@ -134,7 +134,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.table import CostTable
-from solver.search import SEARCH_TIME_LIMIT_S
+from solver.search import MCTS_TIME_LIMIT_S
 from solver.search.forked import Helpers
 from solver.search.mcts_actions import STOP, Action, actions, statically_valid, successor
 from solver.search.mcts_polish import polish
@@ -149,7 +149,7 @@ _ROUNDS_SHARE = 0.75
 @dataclass(frozen=True, slots=True)
 class MctsOptions:
     iterations: int = 200  # trajectories, in all rounds
-    time_limit_s: float = SEARCH_TIME_LIMIT_S  # a backstop (see the module docstring on determinism)
+    time_limit_s: float = MCTS_TIME_LIMIT_S  # a backstop (see the module docstring on determinism)
     seed: int = 0
     round_iterations: int = 100
     max_depth: int = 30
