@@ -38,7 +38,7 @@ from solver.planning.planner import SearchOverrides, plan_spec, prepare  # noqa:
 from solver.planning.spec import load_spec  # noqa: E402
 
 sys.path.append(str(_HERE))  # after the packages: bench/costmodel.py must not shadow costmodel
-from readme_table import write_table  # noqa: E402, I001
+from readme_table import reference_seconds, write_table  # noqa: E402, I001
 
 ROOT = _HERE.parent
 DOCS = ROOT / "docs" / "auto_vs_expert.md"
@@ -120,7 +120,7 @@ def _answer(r: dict) -> str:
     return f"{head}{ratio}{kept}, {r['wall_s']:.3g} s"
 
 
-def summary(rows: list[dict], seconds: float, jobs: int = 1) -> str:
+def summary(rows: list[dict], seconds: float, jobs: int = 1, speed: tuple[float, float] | None = None) -> str:
     lines = ["| spec | best fitting expert | CP-SAT searched | CP-SAT answer | MCTS searched | MCTS answer |",
              "|---|---|---:|---|---:|---|"]
     for row in rows:
@@ -147,7 +147,10 @@ def summary(rows: list[dict], seconds: float, jobs: int = 1) -> str:
               "backend's own plan; \"answer\": what `plan --solver` returns (the expert's plan where no searched "
               "plan is faster), its ratio to the expert and the wall time. "
               f"{len(rows)} specs in {seconds:.0f} s{processes}, Python {platform.python_version()} on "
-              f"{platform.machine()}, `{command}`."]
+              f"{platform.machine()}"
+              + (f", a reference Python workload {speed[0]:.2f} s before and {speed[1]:.2f} s after "
+                 "(`bench/readme_table.reference_seconds`: the hour's speed; the walls scale with it)" if speed else "")
+              + f", `{command}`."]
     return "\n".join(lines)
 
 
@@ -183,13 +186,15 @@ def main() -> int:
     if args.jobs < 1:
         parser.error(f"--jobs: at least one process, got {args.jobs}")
     overrides = SearchOverrides(time_limit_s=args.time_limit, jobs=args.jobs)
+    speed = [reference_seconds()]  # the hour's speed, before and after
     start = time.perf_counter()
     rows = []
     for path in specs:
         rows.append(measure(path, overrides))
         print(f"{path.stem}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    table = summary(rows, seconds, args.jobs)
+    speed.append(reference_seconds())
+    table = summary(rows, seconds, args.jobs, (speed[0], speed[1]))
     jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
     # --json prints the rows in place of the tables; the tables are still written where asked.
     print(json.dumps(rows, indent=2) if args.json else table + "\n\n" + details(rows))

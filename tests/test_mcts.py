@@ -441,3 +441,31 @@ def test_refit_finds_memory_in_several_decisions_where_one_fits_slowly():
     assert refitted.cost.fits and refitted.rank < descended.rank
     assert (0, "batch") not in refitted_point.levels()
     assert len(refitted_point.levels().items() - start.levels().items()) >= 2
+
+
+@pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
+def test_the_time_limit_counts_the_work_handed_out_not_the_clock(monkeypatch):
+    """The limit is the seconds of the tasks the search hands out
+    (`mcts_pricing`, "Budget"), not the clock's: with the clock stopped a
+    search still stops at it, at the same point with two processes; the
+    clock stops a run only three times over the limit."""
+    import itertools
+
+    mesh = Mesh.of(batch=2, model=2)
+    model, nda, table, space = setup("transformer", dict(layers=2), mesh, slow_hardware(mesh, memory="60KB"))
+    options = MctsOptions(iterations=300, min_dims=0)
+    whole = solve(space, table, options)
+    assert whole.report.stopped_by == "no-improvement" and whole.report.work_s > 0
+    monkeypatch.setattr(mcts.time, "perf_counter", lambda: 0.0)
+    limit = whole.report.work_s / 3
+    cut = [solve(space, table, dataclasses.replace(options, time_limit_s=limit, jobs=jobs)) for jobs in (1, 2)]
+    one, two = (c.report for c in cut)
+    assert one.stopped_by == "time-limit" and one.iterations < whole.report.iterations
+    assert limit * 0.75 < one.work_s < whole.report.work_s
+    assert (one.iterations, one.evaluations, one.work_s, one.objective_s) == \
+        (two.iterations, two.evaluations, two.work_s, two.objective_s)
+    assert cut[0].plan == cut[1].plan
+    ticks = itertools.count(step=1000.0)  # a thousand seconds between two looks at the clock
+    monkeypatch.setattr(mcts.time, "perf_counter", lambda: float(next(ticks)))
+    late = solve(space, table, options)
+    assert late.report.stopped_by == "time-limit" and late.report.iterations == 1

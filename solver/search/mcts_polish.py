@@ -10,7 +10,6 @@ move that reaches a state the rounds priced costs a look-up.
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any
 
 import numpy as np
@@ -25,11 +24,11 @@ _REFIT_ITEMS, _REFIT_SIZE, _REFIT_TRIES = 16, 3, 3
 Pair = tuple[int, str]
 
 
-def polish(search: Any, deadline: float) -> int:
+def polish(search: Any) -> int:
     """From the best plan found, per decision: drop it, narrow its level, or
     drop it and refit (`starts`); descend, and move to the end when it ranks
-    better, until no move improves or `deadline` (perf_counter seconds)
-    passes. Then the same from where the incumbent's descent ended
+    better, until no move improves or the time limit is spent
+    (`_Mcts.out_of_time`). Then the same from where the incumbent's descent ended
     (`_Mcts.seed`), where that is another plan: the expert's basin, which
     the tree may have left for a worse one (llama2_70b: the rounds end in
     the batch over all three axes, no tensor parallelism, at 8.696 s; the
@@ -40,24 +39,24 @@ def polish(search: Any, deadline: float) -> int:
     if search.best is None:
         return 0
     _, point, codes = search.best
-    tried = _polish_from(search, point, codes, deadline)
+    tried = _polish_from(search, point, codes)
     if search.incumbent_end is not None:
         point, codes = search.incumbent_end
         if not np.array_equal(codes, search.best[2]):
-            tried += _polish_from(search, point, codes, deadline)
+            tried += _polish_from(search, point, codes)
     # From the root without each decision the rounds committed to: the descents those commitments
     # ruled out (the attention step, seed 0: the batch, then the heads, 18% above the optimum, which
     # shards the head dim alone).
     root = Point(frozenset(), ())
     for pair in dict.fromkeys(search.committed):
-        if time.perf_counter() > deadline:
+        if search.out_of_time():
             break
         end = search.descend(root, search.codes(root), pair)
-        tried += 1 + _polish_from(search, *end, deadline)
+        tried += 1 + _polish_from(search, *end)
     return tried
 
 
-def _polish_from(search: Any, point: Point, codes: np.ndarray, deadline: float) -> int:
+def _polish_from(search: Any, point: Point, codes: np.ndarray) -> int:
     """`polish`'s moves from one plan; the search's best becomes the end
     reached when that ranks before it. The starts are scanned round: after a
     move, from the one that made it (the ones before it were just tried from
@@ -72,7 +71,7 @@ def _polish_from(search: Any, point: Point, codes: np.ndarray, deadline: float) 
         search.polished.add(codes.tobytes())
         moves = starts(search, point, essential(search, point, codes))
         for k in range(len(moves)):
-            if time.perf_counter() > deadline:
+            if search.out_of_time():
                 break
             start, avoid = moves[(at + k) % len(moves)]
             tried += 1
@@ -83,7 +82,7 @@ def _polish_from(search: Any, point: Point, codes: np.ndarray, deadline: float) 
                 break
         else:
             break
-        if time.perf_counter() > deadline:
+        if search.out_of_time():
             break
     if priced.rank < search.best[0].rank:
         search.best = (priced, point, codes)

@@ -47,6 +47,16 @@ member of each key (`SearchSpace.folded_codes`), and its times are priced
 from one member of each orbit of ops, kernels and uses
 (`costmodel.table_fold`), the same codes and figures to the bit.
 
+Budget. The search's time limit is counted in the seconds of the work it
+hands out, not by the clock: each task (a state's codes, a timing, a peak
+replay, a whole price) at what it takes on this machine in an idle hour,
+from the program's size (`_TIME_S`, `_PEAK_S`, `_CODES_S`; `spent_s`). So
+where the limit cuts a search, it cuts it at the same point however loaded
+the machine and however many processes price, and the same inputs give the
+same plan (mixtral_8x7b's search, cut by a wall-clock limit in a loaded
+hour, answered 4.177 s where it answers 4.175 s). As CP-SAT's
+deterministic time, it follows the wall only roughly.
+
 Helpers. With `jobs` above 1 (`shardplan plan --jobs N`), a descent
 step's candidates, their codes and then their prices, are worked in turn
 here and in forked helper processes kept for the whole search
@@ -86,6 +96,17 @@ class Priced:
         return (not self.cost.fits, self.relative_cost)
 
 
+# The budget's clock (module docstring, "Budget"): a task's seconds, by the program's ops. Measured on
+# the root's children of unet, gemma_2b, mixtral_8x7b and llama2_70b (2,824 to 42,419 ops): a timing
+# 1.0 to 2.0 ms, a peak replay 1.1 to 4.0 ms, codes 0.1 ms (in an hour whose
+# `bench/readme_table.reference_seconds` took 0.62 s); then scaled so that a whole search's clock reads
+# about its seconds in one process in an idle hour (reference 0.38 s), the search's own work and colder
+# memos included: 0.8x (llama2_70b) to 1.7x (unet) of them.
+_CODES_S = 0.11e-3
+_TIME_S = (1.0e-3, 27e-9)  # per task, per op
+_PEAK_S = (0.95e-3, 80e-9)
+
+
 class Pricing:
     """What `solver.search.mcts._Mcts` prices states with (module docstring):
     the memo tables, the best, smallest and fastest plans priced, and the
@@ -111,6 +132,11 @@ class Pricing:
         self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
         self.peaks: dict[bytes, int] = {}  # plans whose RT a delta gave: their peak alone (`ranks`)
         self.helpers: Helpers = Helpers(self.work, 1)  # `mcts.solve` opens the option's processes
+        # The budget's clock (module docstring, "Budget"): the seconds of the tasks handed out so far.
+        ops = len(table.fn.ops)
+        time_s, peak_s = _TIME_S[0] + _TIME_S[1] * ops, _PEAK_S[0] + _PEAK_S[1] * ops
+        self._task_s = {"codes": _CODES_S, "time": time_s, "peak": peak_s, "price": time_s + peak_s}
+        self.spent_s = 0.0
         # The decisions' footprints, for deltas that stand for a candidate's timing (module docstring).
         self.footprints = Footprints(space, table) if options.deltas else None
         self.deltas: dict[tuple, float] = {}  # per `Footprints.key`: T(state + action) - T(state)
@@ -130,6 +156,7 @@ class Pricing:
         the point is (`SearchSpace.codes`)."""
         codes = self.codes_of.get(point)
         if codes is None:
+            self.spent_s += self._task_s["codes"]
             codes = self.codes_of[point] = self.work(("codes", point, near))
         return codes
 
@@ -220,7 +247,7 @@ class Pricing:
         estimates = estimates or [None] * len(states)
         peaks = {key: (point, codes) for (point, codes), rt in zip(states, estimates)
                  if rt is not None and (key := codes.tobytes()) not in self.prices and key not in self.peaks}
-        for (key, (point, codes)), peak in zip(peaks.items(), self.helpers.map(
+        for (key, (point, codes)), peak in zip(peaks.items(), self.tasks(
                 [("peak", codes) for _, codes in peaks.values()])):
             self.peaks[key] = peak
             if self.smallest is None or peak < self.smallest[0]:
@@ -241,11 +268,12 @@ class Pricing:
         whose RT is below `below` are priced whole in the same work."""
         todo = {key: (point, codes) for point, codes in states
                 if (key := codes.tobytes()) not in self.prices and key not in self.timed}
-        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.helpers.map(
+        for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.tasks(
                 [("time", codes, below) for _, codes in todo.values()])):
             self.fastest_s = min(self.fastest_s, step_time_s)
             self.timed[key] = runtime
             if cost is not None:
+                self.spent_s += self._task_s["peak"]  # priced whole in the same task
                 self._priced(point, codes, key, cost)
         out = []
         for _, codes in states:
@@ -303,10 +331,16 @@ class Pricing:
             key = codes.tobytes()
             if key not in self.prices and key not in todo:
                 todo[key] = (point, codes)
-        for (key, (point, codes)), cost in zip(todo.items(), self.helpers.map(
+        for (key, (point, codes)), cost in zip(todo.items(), self.tasks(
                 [("price", codes) for _, codes in todo.values()])):
             self._priced(point, codes, key, cost)
         return [self.prices[codes.tobytes()] for _, codes in states]
+
+    def tasks(self, items: list[tuple]) -> list[Any]:
+        """`work` of each item, shared with the helpers, in order; their
+        seconds counted on the budget's clock (`spent_s`)."""
+        self.spent_s += sum(self._task_s[item[0]] for item in items)
+        return self.helpers.map(items)
 
     def work(self, task: tuple) -> Any:
         """What the helpers share (`solver.search.forked.Helpers`), a function
