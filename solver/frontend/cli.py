@@ -31,9 +31,9 @@ from solver.search import CPSAT_TIME_LIMIT_S, MCTS_TIME_LIMIT_S
 EXIT_INPUT_ERROR = 1
 EXIT_NO_PLAN = 3  # compare: a backend returned no plan (the report says why)
 EXIT_CHECK_FAILED = 4  # check: a schedule did not produce what its spec expects
+EXIT_INTERNAL_ERROR = 70
 _DEFAULT_BUDGETS = (f"{CPSAT_TIME_LIMIT_S:g} s for CP-SAT, {MCTS_TIME_LIMIT_S:g} s for the MCTS; both count work, "
                     "not the clock, so a limit gives the same plan on a loaded machine")
-EXIT_INTERNAL_ERROR = 70
 # `run` is a semantics check on small shapes; refuse values that would not fit
 # comfortably in this machine's memory rather than die in numpy.
 MAX_RUN_BYTES = 1 << 30
