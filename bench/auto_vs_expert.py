@@ -186,15 +186,14 @@ def main() -> int:
     if args.jobs < 1:
         parser.error(f"--jobs: at least one process, got {args.jobs}")
     overrides = SearchOverrides(time_limit_s=args.time_limit, jobs=args.jobs)
-    speed = [reference_seconds()]  # the hour's speed, before and after
+    before = reference_seconds()  # the hour's speed, before and after the run
     start = time.perf_counter()
     rows = []
     for path in specs:
         rows.append(measure(path, overrides))
         print(f"{path.stem}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    speed.append(reference_seconds())
-    table = summary(rows, seconds, args.jobs, (speed[0], speed[1]))
+    table = summary(rows, seconds, args.jobs, (before, reference_seconds()))
     jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
     # --json prints the rows in place of the tables; the tables are still written where asked.
     print(json.dumps(rows, indent=2) if args.json else table + "\n\n" + details(rows))

@@ -142,8 +142,8 @@ def test_spec_schedule_errors():
 @pytest.mark.parametrize("solver, setting, expected", [
     ("cpsat", None, 30.0), ("mcts", None, 50.0), ("cpsat", 7.0, 7.0), ("mcts", 7.0, 7.0)])
 def test_each_backend_gets_its_own_default_budget_and_a_set_one_as_is(monkeypatch, solver, setting, expected):
-    # CP-SAT's budget is deterministic time, sized so `plan --solver cpsat` answers in under a minute;
-    # the MCTS's is a wall-time backstop: a spec or `--time-limit` that sets one gives it to either.
+    # CP-SAT's budget is sized so `plan --solver cpsat` answers in under a minute; the MCTS's is a
+    # backstop its searches stop before: a spec or `--time-limit` that sets one gives it to either.
     from solver.search import cpsat, mcts
 
     seen = []
