@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import shardplan
 
+from ir.sharding import local_type
 from solver.planning.mesh_screen import screen_mesh
 from solver.planning.meshes import candidate_meshes, format_mesh_search, mesh_spec, plan_meshes
 from solver.planning.pipelining import microbatch_counts, pipelined_cost, search_nda
@@ -342,6 +343,12 @@ def test_a_meshs_bound_is_at_most_the_price_of_each_plan_it_screens(tmp_path, te
             # And of its memory: the weights and optimizer state, and their updates, at most the peak.
             need = mesh_screen.screen_memory_bound(spec, built, [plan])
             assert 0 < need <= screened.peak_memory_bytes, (mesh, plan[0])
+            # Its bytes counted over arrays of dimensions are each value's local bytes, added up.
+            program, sharding = built[plan[1]], plan[2].materialize(built[plan[1]].nda)
+            for values in mesh_screen._state_values(program.model):
+                assert mesh_screen._local_bytes(values, program.nda, sharding, spec.sharding_mesh()) == sum(
+                    local_type(v.type, sharding.def_dims(program.nda, v), spec.sharding_mesh()).num_bytes
+                    for v in values)
             if kind == "one step":
                 assert bound == pytest.approx(screened.step_time_s, rel=1e-9)
             if kind == "pipeline" and spec.stages > 1 or kind == "accumulation" and screened.microbatches > 1:
