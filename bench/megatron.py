@@ -204,7 +204,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="--mesh-auto: screen the meshes, search those after the first and score the "
                         "re-ranked plans in N processes (default 1)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true",
+                        help="print the rows as JSON in place of the table (still written with --write-readme)")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
     configs = json.loads(CONFIGS.read_text())["configs"]
@@ -217,9 +218,10 @@ def main() -> None:
             rows.append(measure(config, args.search, args.mesh_auto, Path(directory), args.jobs))
             print(json.dumps(rows[-1]), file=sys.stderr)
     speed.append(reference_seconds())
-    if args.json:
+    if args.json:  # the rows on stdout, the table (with --write-readme) in the README only
         print(json.dumps(rows, indent=2))
-        return
+        if not args.write_readme:
+            return
     if args.mesh_auto:
         text = (auto_table(rows) + "\n\nt x p x d, K: tensor x pipeline x data and microbatches; `mesh: auto`: "
                 "`mesh: {pipeline: auto, data: auto, model: auto}`, `microbatches: auto`, the links from the "
@@ -232,7 +234,8 @@ def main() -> None:
                 "hour's speed; the walls scale with it), "
                 f"`python bench/megatron.py --mesh-auto{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
                 f"{''.join(f' --only {o}' for o in args.only or [])}`.")
-        print(text)
+        if not args.json:
+            print(text)
         if args.write_readme:
             write_table("megatron-auto-table", text)
         return
@@ -245,7 +248,8 @@ def main() -> None:
             "published split, that plan was slower or did not fit). "
             f"Python {platform.python_version()} on {platform.machine()}, "
             f"`python bench/megatron.py{' --search' if args.search else ''}`.")
-    print(text)
+    if not args.json:
+        print(text)
     if args.write_readme:
         write_table("megatron-table", text)
 
