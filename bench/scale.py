@@ -160,29 +160,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default=",".join(map(str, LAYERS)), help="comma-separated layer counts")
     parser.add_argument("--no-commands", action="store_true", help="only the curve, not the llama2_70b commands")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true",
+                        help="print the rows as JSON in place of the tables (still written with --write-readme)")
     parser.add_argument("--write-readme", action="store_true", help="write the tables into README.md")
     parser.add_argument("--point", type=int, help=argparse.SUPPRESS)  # one point, in this process
     args = parser.parse_args()
     if args.point is not None:
         print(json.dumps(measure_point(args.point)))
         return
+    sys.path.append(_HERE)  # after the packages: bench/costmodel.py must not shadow costmodel
+    from readme_table import reference_seconds, write_table
+
+    before = reference_seconds()  # the hour's speed, before and after
     curve = []
     for layers in (int(n) for n in args.layers.split(",")):
         curve.append(run_point(layers))
         print(json.dumps(curve[-1]), file=sys.stderr)
     commands = [] if args.no_commands else [run_command("specs/llama2_70b.yaml", "--solver", s)
                                             for s in ("cpsat", "mcts")]
-    if args.json:
+    after = reference_seconds()
+    if args.json:  # the rows on stdout, the tables (with --write-readme) in the README only
         print(json.dumps({"curve": curve, "commands": commands}, indent=2))
-        return
-    machine = f"Python {platform.python_version()} on {platform.machine()}, `python bench/scale.py`"
+    machine = (f"Python {platform.python_version()} on {platform.machine()}, a reference Python workload "
+               f"{before:.2f} s before and {after:.2f} s after (`bench/readme_table.reference_seconds`: the hour's "
+               "speed; the walls scale with it), `python bench/scale.py`")
     text = curve_table(curve) + "\n\n" + (command_table(commands) + "\n\n" if commands else "") + machine + "."
-    print(text)
+    if not args.json:
+        print(text)
     if args.write_readme:
-        sys.path.append(_HERE)  # after the packages: bench/costmodel.py must not shadow costmodel
-        from readme_table import write_table
-
         write_table("scale-table", text)
 
 
