@@ -319,7 +319,8 @@ def _local_bytes(values: tuple[Value, ...], nda: NDA, sharding: FactorSharding, 
     """The bytes of `values` on one device, each as the plan defines it.
     Counted over arrays of their dimensions made once per program
     (`_DimTable`): a mesh search asks it of every mesh's plans (GPT
-    529.6B: 418 meshes, 3,000 values each, one by one 3% of its wall)."""
+    529.6B: 418 meshes of 3,000 values each; value by value, 3% of the
+    search's wall)."""
     dims = _dim_table(values, nda)
     axes = [sharding.axes[i] for i in dims.iclasses]
     devices = {a: mesh.group_size(a) for a in set(axes)}
