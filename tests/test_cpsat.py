@@ -357,6 +357,31 @@ def test_memory_is_exact_at_every_capacity(fraction, zero):
     assert result.cost.step_time_s == pytest.approx(min(fitting), rel=1e-9)
 
 
+def test_the_solve_after_memory_cuts_keeps_the_hint_it_had(monkeypatch):
+    """A plan the memory cuts rule out is not the next solve's hint (CP-SAT
+    would go after a plan it may not take): until a plan fits, every solve
+    is hinted with the hint the search was given, and the answer is the
+    brute-force optimum of the plans that fit."""
+    import solver.search.cpsat as cpsat
+
+    name, kwargs, mesh = MEMORY_CASE
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
+    priced = sorted(_all_priced(space, table), key=lambda pc: pc[1].step_time_s)
+    # Below the fastest plan's peak, so the first solve (which ignores memory) does not fit.
+    capacity = priced[0][1].peak_memory_bytes - 1
+    fitting = [(p, c) for p, c in priced if c.peak_memory_bytes <= capacity]
+    assert fitting
+    model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh, memory=f"{capacity}B"))
+    given = fitting[-1][0]  # the slowest plan that fits
+    hints = []
+    real = cpsat._Cp.hint
+    monkeypatch.setattr(cpsat._Cp, "hint", lambda self, point: hints.append(point) or real(self, point))
+    result = solve(space, table, CpSatOptions(time_limit_s=60), hint=given)
+    assert result.report.rounds >= 2 and result.report.memory_cuts
+    assert all(h is given for h in hints)
+    assert result.cost.step_time_s == pytest.approx(fitting[0][1].step_time_s, rel=1e-9)
+
+
 def test_a_hint_that_fits_is_an_incumbent_never_beaten_by_a_worse_answer():
     name, kwargs, mesh = MEMORY_CASE
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
