@@ -1,8 +1,11 @@
 """Shared test setup: make tests/ importable (program_gen) and locate examples."""
 
 import gc
+import importlib.util
 import pathlib
 import sys
+
+import pytest
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -21,6 +24,14 @@ def shardplan(capsys, *argv):
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def needs(module: str, *, module_level: bool = False) -> None:
+    """Skip where `module` is not installed, without importing it: the tests
+    that use jax run it in processes of their own (XLA reads its device count
+    at the first import), and importing it here cost each worker 1.4 s."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"could not find {module!r}", allow_module_level=module_level)
 
 
 def pytest_addoption(parser):

@@ -10,12 +10,12 @@ import types
 
 import numpy as np
 import pytest
-from conftest import ROOT, shardplan
+from conftest import ROOT, needs, shardplan
 
 from ir.core import Mesh
 from ir.interpret import shard
 from solver.frontend import cli
-from solver.frontend.export import export_python, partition_spec
+from solver.frontend.export import export_json, export_python, partition_spec
 from solver.planning.spec import load_spec
 
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -28,12 +28,14 @@ def export(capsys, *argv):
     return json.loads(out), err
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if "pipeline" not in load_spec(s).mesh],
-                         ids=[s.stem for s in SPECS if "pipeline" not in load_spec(s).mesh])
-def test_json_export_of_every_bundled_spec(capsys, spec):
-    exported, err = export(capsys, spec)
-    assert err == "" or err.startswith(("shardplan: warning: the plan does not fit in memory",
-                                        "shardplan: note: the plan accumulates gradients"))
+def check_export_of(report: dict, spec) -> None:
+    """What `shardplan export --format json` hands jax.jit for the plan of
+    `shardplan plan --json`'s `report` (export's own: `export_json` of that
+    report) on the bundled spec `spec`: the program's flat parameters and
+    results in order, each a PartitionSpec JAX accepts over the mesh.
+    tests/test_plan_cli.py's every-bundled-spec test calls it on each plan
+    that is one SPMD program, so that each spec is planned once for both."""
+    exported = export_json(report)
     loaded = load_spec(spec)
     fn = loaded.build().function
     assert exported["mesh"] == {"axes": list(loaded.mesh), "shape": list(loaded.mesh.values())}
@@ -49,6 +51,24 @@ def test_json_export_of_every_bundled_spec(capsys, spec):
             assert not any(isinstance(entry, list) and len(entry) < 2 for entry in s["partition_spec"]), s
             for size, entry in zip(value.type.shape, s["partition_spec"]):
                 assert size % math.prod(sizes[a] for a in _axes(entry)) == 0, s
+
+
+def test_the_cli_exports_the_plan_json_of_plan(capsys):
+    code, out, _ = shardplan(capsys, "plan", MLP, "--json")
+    assert code == 0
+    exported, err = export(capsys, MLP)
+    assert err == "" and exported == export_json(json.loads(out))
+
+
+def test_an_accumulating_plan_exports_one_microbatchs_shardings_with_a_note(capsys, tmp_path):
+    path = tmp_path / "accumulating.yaml"
+    path.write_text(MLP.read_text().replace("hardware: A100-80GB", "hardware: A100-80GB\nmicrobatches: 2"))
+    exported, err = export(capsys, path)
+    assert err.startswith("shardplan: note: the plan accumulates gradients over 2 microbatches: jit one "
+                          "microbatch's step") and err.count("\n") == 1
+    # The shardings are the plan's (the step's batch dimension split over the batch axis), for each microbatch.
+    (x,) = [s for s in exported["in_shardings"] if s["name"] == "x"]
+    assert x["partition_spec"] == ["batch", None]
 
 
 def _axes(entry) -> list[str]:
@@ -155,7 +175,7 @@ print(json.dumps({"axes": list(mesh.axis_names), "shape": list(mesh.devices.shap
 
 
 def test_jax_accepts_the_snippet_with_shardplans_layout(capsys, tmp_path):
-    pytest.importorskip("jax")
+    needs("jax")
     target = tmp_path / "shardings.py"
     assert shardplan(capsys, "export", MLP, "--schedule", "BP+MP+Z3", "-o", target)[0] == 0
     exported, _ = export(capsys, MLP, "--schedule", "BP+MP+Z3")

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, needs
 
-pytest.importorskip("jax")
+needs("jax", module_level=True)
 
 def run_on_8_devices(argv: list[str]) -> str:
     """stdout of Python running `argv` in a process of its own, on 8 simulated

@@ -1,9 +1,11 @@
-"""`shardplan plan` and `shardplan lower` on every bundled spec, and their errors."""
+"""`shardplan plan` and `shardplan lower` on every bundled spec (and what `shardplan export` makes of
+each plan), and their errors."""
 
 import json
 
 import pytest
 from conftest import ROOT, shardplan
+from test_export import check_export_of
 
 from ir.text import parse_file
 from solver.frontend import cli
@@ -40,6 +42,8 @@ def test_plan_json_on_every_bundled_spec(capsys, spec):
     if spec.stem in ("gemma_2b", "chinchilla_32l"):
         # At full size partitioning must pay off; the toy specs are latency-bound and do not gain.
         assert cost["step_time_s"] < cost["unpartitioned_step_time_s"] / 8
+    if report["pipeline"] is None or report["pipeline"]["stages"] == 1:  # one SPMD program: what export hands jax
+        check_export_of(report, spec)
 
 
 @pytest.mark.parametrize("spec", ["mlp", "simplified_attention", "transformer"])

@@ -5,7 +5,9 @@ the collectives XLA inserts (needs jax; the test that uses it skips without).
 
 Plans the spec's schedule, exports it (`solver.frontend.export.export_json`), jits the
 fixture's jax step (tools/export_fixtures.py) on 8 simulated CPU devices with
-those in_shardings and out_shardings, and prints one JSON object:
+those in_shardings and out_shardings, and prints one JSON object (a list of
+them, one a schedule, where --schedule is given more than once: one process
+imports jax once for all):
 
   max_abs_diff   largest difference between the sharded and unsharded results
   xla            per collective kind: {"ops": N, "tensors": N} in the compiled
@@ -92,9 +94,11 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a fixture's spec (tests/fixtures/*.yaml)")
-    parser.add_argument("--schedule", help="the schedule to plan (default: the spec's first)")
+    parser.add_argument("--schedule", action="append",
+                        help="the schedule to plan (default: the spec's first); again for more")
     args = parser.parse_args(argv)
-    print(json.dumps(compare(args.spec, args.schedule), indent=2))
+    reports = [compare(args.spec, schedule) for schedule in args.schedule or [None]]
+    print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
 
 
 if __name__ == "__main__":
