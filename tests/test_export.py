@@ -18,7 +18,6 @@ from solver.frontend import cli
 from solver.frontend.export import export_json, export_python, partition_spec
 from solver.planning.spec import load_spec
 
-SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 MLP = ROOT / "specs" / "mlp.yaml"
 
 
