@@ -172,10 +172,14 @@ def training_step(forward: Function | Model, params: Sequence[str] | None = None
     origins: dict[str, str] = {}
     grads = backward(b, fn, fn.results[0], wrt, origins)
     new_params, new_state = [], []
+    if step is not None:
+        start = len(b.body)
+        corrections = _adam_corrections(b, optimizer, step, sorted({w.type.dtype for w in wrt}))
+        origins.update((r.name, step.name) for op in b.body[start:] for r in op.results)
     for w in wrt:
         start = len(b.body)
         if isinstance(optimizer, Adam):
-            updated, m, v = _adam_update(b, optimizer, w, grads[w], *state[w], step)
+            updated, m, v = _adam_update(b, optimizer, w, grads[w], *state[w], corrections[w.type.dtype])
             new_state += [m, v]
         else:
             updated = b.sub(w, b.mul(grads[w], optimizer.lr), name=f"{w.name}.new")
@@ -193,17 +197,27 @@ def training_step(forward: Function | Model, params: Sequence[str] | None = None
                  origins=tuple(sorted(origins.items())), forward_ops=len(fn.ops))
 
 
-def _adam_update(b: Builder, opt: Adam, w: Value, g: Value, m: Value, v: Value, step: Value) -> tuple:
-    """m' = b1 m + (1-b1) g;  v' = b2 v + (1-b2) g^2;
-    w' = w - lr * (m' / (1 - b1^t)) / (sqrt(v' / (1 - b2^t)) + eps), t = step + 1."""
+def _adam_corrections(b: Builder, opt: Adam, step: Value, dtypes: Sequence[str]) -> dict[str, tuple[Value, Value]]:
+    """The bias corrections 1 - b1^t and 1 - b2^t, t = step + 1, in each of
+    `dtypes`: computed once a step and read by every parameter's update, as
+    optax's `scale_by_adam` does (made per parameter, they were a quarter of
+    an 80-layer step's ops, every one analysed, tabulated and replayed)."""
     t = b.add(step, 1.0)
     # b^t = exp(t ln b): the step count is a program input, so this stays in the IR.
     correction1 = b.sub(1.0, b.exp(b.mul(t, math.log(opt.b1))))
     correction2 = b.sub(1.0, b.exp(b.mul(t, math.log(opt.b2))))
+    return {d: (b.convert(correction1, d), b.convert(correction2, d)) for d in dtypes}
+
+
+def _adam_update(b: Builder, opt: Adam, w: Value, g: Value, m: Value, v: Value,
+                 corrections: tuple[Value, Value]) -> tuple:
+    """m' = b1 m + (1-b1) g;  v' = b2 v + (1-b2) g^2;
+    w' = w - lr * (m' / (1 - b1^t)) / (sqrt(v' / (1 - b2^t)) + eps), the
+    corrections (1 - b1^t, 1 - b2^t) in w's dtype."""
+    correction1, correction2 = corrections
     m_new = b.add(b.mul(m, opt.b1), b.mul(g, 1.0 - opt.b1), name=f"opt.m.{w.name}.new")
     v_new = b.add(b.mul(v, opt.b2), b.mul(b.mul(g, g), 1.0 - opt.b2), name=f"opt.v.{w.name}.new")
-    m_hat = b.div(m_new, b.broadcast_to(b.convert(correction1, w.type.dtype), w.type.shape))
-    v_hat = b.div(v_new, b.broadcast_to(b.convert(correction2, w.type.dtype), w.type.shape))
+    m_hat = b.div(m_new, b.broadcast_to(correction1, w.type.shape))
+    v_hat = b.div(v_new, b.broadcast_to(correction2, w.type.shape))
     step_size = b.div(m_hat, b.add(b.sqrt(v_hat), opt.eps))
     return b.sub(w, b.mul(step_size, opt.lr), name=f"{w.name}.new"), m_new, v_new
-

@@ -28,7 +28,9 @@ Each device-local op then has a stage and a phase:
 
 What is made from parameters and constants alone (a gathered weight, a
 fill) is made where it is first read, again for every microbatch, not kept
-for the whole step.
+for the whole step. What is made from constants and the step's scalar
+inputs alone (a mask, Adam's bias corrections from `opt.step`) every task
+that reads it makes for itself: no stage sends another a correction.
 
 and the ops of one stage and phase are one device-local program, a `Task`,
 on the stage's devices (the plan's sub-mesh). A value one stage computes and
@@ -329,7 +331,7 @@ def lower_pipeline(lowered: Lowered, stage_of: Mapping[str, int], forward_values
         raise PipelineError(f"the step must be lowered on a mesh whose first axis is {MICRO!r}")
     sub_mesh = Mesh(mesh.axes[1:])
     body, results, sums, varying = _accumulate(lowered)
-    constant = _constants(body, set(results))
+    constant = _constants(body, set(results), [p for p in lowered.function.params if not p.type.shape])
     where = _place(body, stage_of, forward_values, varying, {t.name: total for t, total in sums}, constant)
     read_at: dict[Value, set[tuple[int, str]]] = {}  # the tasks that read each value
     for op, w in zip(body, where):
@@ -423,10 +425,13 @@ def _typed(op: Op, mesh: Mesh) -> Op:
     return op
 
 
-def _constants(body: list[Op], results: set[Value]) -> set[int]:
-    """The ops computed from constants alone (a causal mask, a fill), not
-    results of the step: every task that reads one makes its own copy."""
-    made: set[Value] = set()
+def _constants(body: list[Op], results: set[Value], scalars: Sequence[Value] = ()) -> set[int]:
+    """The ops computed from constants and the step's scalar inputs alone (a
+    causal mask, a fill, Adam's bias corrections from `opt.step`), not
+    results of the step: every task that reads one makes its own copy, as
+    each stage of a pipeline computes its own corrections from the step
+    count every device holds, not a stage-to-stage transfer a step."""
+    made: set[Value] = set(scalars)
     out = set()
     for i, op in enumerate(body):
         if all(v in made for v in op.operands) and not ops.get(op.kind).is_collective:
@@ -539,18 +544,21 @@ def _function(name: str, members: list[Op], read_at: Mapping[Value, set[tuple[in
 
 def _as_soon_as_possible(members: list[Op]) -> list[Op]:
     """The task's ops, each right after the last op it reads (in program
-    order among those), and what is made from constants alone (a fill, a
-    causal mask broadcast to a layer's scores) right before its first
+    order among those), and what is made from constants and scalar inputs
+    alone (a fill, a causal mask broadcast to a layer's scores, Adam's bias
+    correction broadcast to a parameter's shape) right before its first
     reader, as XLA's scheduler runs it: at its index a layer's mask would be
     made with the first layer's and held until its own layer, every
     layer's at once. The step's order puts every update after the whole
     backward, so a microbatch's gradient would wait there; here it goes on
     into its sum as soon as it is made."""
     made: dict[Value, tuple[int, ...]] = {}
-    constant: dict[Value, Op] = {}  # made from constants alone, by value
+    constant: dict[Value, Op] = {}  # made from constants (and scalar inputs) alone, by value
+    inside = {r for op in members for r in op.results}
+    scalar_inputs = {v for op in members for v in op.operands if not v.type.shape and v not in inside}
     keyed = []
     for i, op in enumerate(members):
-        if all(v in constant for v in op.operands):
+        if all(v in constant or v in scalar_inputs for v in op.operands):
             constant.update((r, op) for r in op.results)
             continue
         key = max((made[v] for v in op.operands if v in made), default=()) + (i,)

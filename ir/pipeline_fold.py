@@ -249,9 +249,10 @@ def _structures(fn: Function, nda: NDA, layout: StageLayout) -> tuple[list[int],
 
 
 def _constants(fn: Function) -> dict[Value, int]:
-    """The values made from constants alone (a causal mask), each with the
-    index of its op: the same constant wherever it is read."""
-    made: dict[Value, int] = {}
+    """The values made from constants and scalar parameters alone (a causal
+    mask, Adam's bias corrections), each with the index of its op: the same
+    constant wherever it is read (each task makes its own, `ir.pipeline`)."""
+    made: dict[Value, int] = {p: -1 for p in fn.params if not p.type.shape}
     for i, op in enumerate(fn.ops):
         if all(v in made for v in op.operands):
             made.update((r, i) for r in op.results)

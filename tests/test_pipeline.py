@@ -66,6 +66,21 @@ def test_pipelined_transformer_with_adam_equals_the_reference(stages, microbatch
         assert any(t.src == stages - 1 and t.dst == 0 and t.phase == "backward" for t in pipeline.transfers)
 
 
+def test_each_stage_makes_its_own_adam_corrections_from_the_step_count():
+    # The step computes the bias corrections once (as optax does) and every parameter's update reads
+    # them; cut into stages, each stage's update makes its own from `opt.step`, which every device
+    # holds, rather than receiving them from the stage that read them first.
+    model = training_step(transformer(layers=4, batch=8), optimizer=Adam())
+    assert sum(op.kind == "exp" and not op.results[0].type.shape for op in model.function.ops) == 2
+    pipeline = _pipelined(model, "layers.0.attn.wq", 4, 2)
+    assert pipeline.collective_counts()["collective_permute"] == 2 * 3 * 2
+    assert all(t.per_microbatch for t in pipeline.transfers)
+    for stage in range(4):
+        post = pipeline.task(stage, "post").function
+        assert [op.kind for op in post.ops].count("exp") == 2
+        assert "opt.step" in {p.name for p in post.params}
+
+
 @pytest.mark.parametrize("stages", [2, 4])
 @pytest.mark.parametrize("microbatches", [1, 2, 4])
 def test_transfers_are_one_activation_and_one_cotangent_per_boundary_and_microbatch(stages, microbatches):
