@@ -211,6 +211,14 @@ class CostTable:
         self.last_user = last_user
         # The uses grouped by value, in use order within each (`Walk.peak_memory_bytes`).
         self.uses_by_value = np.argsort(self.edge_vid, kind="stable")
+        # Per op result: the last op it is surely live at (`peak_lower_bound`): the op before its last
+        # reader, the last op for a result, its own op where nothing reads it.
+        own = np.arange(len(fn.ops), dtype=np.int64)
+        read_to = np.maximum(last_user[self.num_params:] - 1, own)
+        self.live_to = np.where(self.is_result[self.num_params:], max(len(fn.ops) - 1, 0), read_to)
+        # The op results by that op, and per op how many are live to an op before it.
+        self.by_live_to = np.argsort(self.live_to, kind="stable")
+        self.ended_before = np.searchsorted(self.live_to[self.by_live_to], own, side="left")
         self.value_use_start = np.concatenate([[0], np.cumsum(np.bincount(self.edge_vid, minlength=len(self.values)))])
 
     def microbatch_repeats(self, inputs: Sequence[str], microbatches: int) -> np.ndarray:
@@ -357,6 +365,35 @@ class CostTable:
         `held` as `timed`'s."""
         codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
         return self._walk(codes, True, fold).peak_memory_bytes()
+
+    def peak_lower_bound(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None, *,
+                         held: bool = False) -> int:
+        """A lower bound of `peak_bytes` at a third of its work, without the
+        collectives: the parameters, and at the most of any op of the global
+        program the op results live there, each from its op to the op before
+        its last reader (to the last op for a result), a partial sum only at
+        its op (its reduction may follow at once, `ir.lower`). The replay
+        keeps the program's order and puts a use's collectives after the op
+        before its reader, so each of these values is live at its op's place
+        there too, among others (the collectives' results, a reduced sum):
+        the bound is at most the peak. What a search that only ranks plans
+        by their peak needs to skip most replays
+        (`solver.search.mcts_pricing`, "Bounds"); `held` as `timed`'s."""
+        codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
+        value_bytes = self.value_bytes(codes, fold)
+        run = Walk(self, codes)
+        run.partial_sums(fold)
+        first = self.num_params
+        if not len(self.fn.ops):
+            return int(value_bytes.sum())
+        # Live at op q: the whole values made at or before it, less those live only to an op before it
+        # (`ended_before`, in `by_live_to`'s order), and the partial sum made there.
+        sizes = value_bytes[first:]
+        partial = run.mask[first:-1] != 0
+        whole = np.where(partial, 0, sizes)
+        ended = np.concatenate([[0], np.cumsum(whole[self.by_live_to])])[self.ended_before]
+        live = np.cumsum(whole) - ended + np.where(partial, sizes, 0)
+        return int(value_bytes[:first].sum()) + int(live.max())
 
     def _plan_codes(self, plan: FactorSharding | np.ndarray, fold: TableFold | None) -> tuple[np.ndarray, Any]:
         """A plan's codes with the sentinel I-class's, and the fold where it holds for them (else None)."""

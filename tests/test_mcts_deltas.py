@@ -91,8 +91,10 @@ def test_a_search_with_deltas_returns_the_plans_of_one_that_times_every_candidat
     assert timed.estimated == 0
     if memory is None:
         assert estimated.estimated > 0
-    else:  # states that do not fit: the candidates a delta gives a step time are replayed for their peak alone
-        assert estimated.peaks and not timed.peaks
+    else:  # states that do not fit: a candidate whose step time is known is replayed for its peak alone
+        assert estimated.peaks and timed.peaks
+        # and without deltas only after its timing (`Pricing.least`: its bound first ranks it with RT 0)
+        assert timed.peaks.keys() <= timed.timed.keys() | timed.prices.keys()
     if estimated.estimated:
         assert len(estimated.timed) + len(estimated.prices) < len(timed.timed) + len(timed.prices)
 

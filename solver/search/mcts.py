@@ -189,6 +189,7 @@ class MctsReport:
     evaluations: int  # distinct factor shardings priced
     timed_only: int  # more ruled out by their step time alone, their peak memory not replayed
     estimated: int  # candidates whose step time a delta gave, neither timed nor priced (`mcts_pricing`, "Deltas")
+    bounded: int  # ruled out by a lower bound of their peak, neither timed, replayed nor priced ("Bounds")
     states: int  # nodes of the transposition table
     merged: int  # expansions that reached an existing node (another action order)
     actions: int  # after pruning
@@ -477,6 +478,7 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
                   evaluations=len(search.prices), timed_only=len(search.timed.keys() - search.prices.keys()),
                   estimated=search.estimated,
+                  bounded=len(search.bounds.keys() - search.prices.keys() - search.timed.keys() - search.peaks.keys()),
                   states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=space.decisions,

@@ -20,6 +20,18 @@ twice. On unet (memory does not bind) 5,528 -> 807 replays for the same
 plan; on mixtral_8x7b, whose fastest candidates mostly do not fit, 10,955
 -> 9,212.
 
+Where the state does not fit, a candidate's rank needs its peak, and a
+lower bound of it is a third of a replay (`CostTable.peak_lower_bound`:
+the global program's values over their ops, no collectives). With its RT
+where known (else 0) it bounds the candidate's rank from below; the step
+times or replays the candidate of least bound, bounds it again, and stops
+when the least bound is an exact rank: that candidate is the best, as
+where every one was priced (`Pricing.least`). The others are improving
+where their bound ranks before the state (a superset again). llama2_70b,
+whose steps from states that do not fit are most of its search: 7,852
+candidates, 229 of them ranked ahead of the best by their bound, 3,714
+timings then 505; the same plan.
+
 Deltas. A descent step mostly tries the actions of the step before
 from a state one decision further on, and most decisions leave most
 actions' effect alone. The step time is a sum of terms, and an action can
@@ -70,6 +82,7 @@ a batch dwarfs the fork (once a search) and the pipe (twice a step).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +118,10 @@ class Priced:
 _CODES_S = 0.11e-3
 _TIME_S = (1.0e-3, 27e-9)  # per task, per op
 _PEAK_S = (0.95e-3, 80e-9)
+_BOUND_S = (0.2e-3, 15e-9)
+# A bounded step's timings and replays handed out together (`Pricing.least`): a fixed count, not the
+# jobs', so that what is timed and replayed does not depend on them.
+_AT_ONCE = 8
 
 
 class Pricing:
@@ -130,12 +147,14 @@ class Pricing:
         self.codes_of: dict[Point, np.ndarray] = {}
         self.prices: dict[bytes, Priced] = {}
         self.timed: dict[bytes, float] = {}  # plans timed, their peak not replayed: their RT (`step`)
-        self.peaks: dict[bytes, int] = {}  # plans whose RT a delta gave: their peak alone (`ranks`)
+        self.peaks: dict[bytes, int] = {}  # plans whose RT was known: their peak alone (`least`)
+        self.bounds: dict[bytes, int] = {}  # plans not replayed: a lower bound of their peak (`least`)
         self.helpers: Helpers = Helpers(self.work, 1)  # `mcts.solve` opens the option's processes
         # The budget's clock (module docstring, "Budget"): the seconds of the tasks handed out so far.
         ops = len(table.fn.ops)
         time_s, peak_s = _TIME_S[0] + _TIME_S[1] * ops, _PEAK_S[0] + _PEAK_S[1] * ops
-        self._task_s = {"codes": _CODES_S, "time": time_s, "peak": peak_s, "price": time_s + peak_s}
+        self._task_s = {"codes": _CODES_S, "time": time_s, "peak": peak_s, "price": time_s + peak_s,
+                        "bound": _BOUND_S[0] + _BOUND_S[1] * ops}
         self.spent_s = 0.0
         # The decisions' footprints, for deltas that stand for a candidate's timing (module docstring).
         self.footprints = Footprints(space, table) if options.deltas else None
@@ -202,9 +221,7 @@ class Pricing:
         candidate, its RT where a delta gives it (`descend`), which stands
         for its timing (None: timed)."""
         if here[0]:
-            ranks = self.ranks(candidates, estimates)
-            improving = [r < here for r in ranks]
-            best = min((k for k, r in enumerate(ranks) if improving[k]), key=ranks.__getitem__, default=None)
+            best, improving = self.least(candidates, estimates, here)
             if best is not None:
                 self.price(*candidates[best])  # the next state: priced whole
             return best, improving, binds
@@ -222,27 +239,91 @@ class Pricing:
                 return k, improving, n > 0
         return None, improving, True
 
-    def ranks(self, states: list[tuple[Point, np.ndarray]],
-              estimates: list[float | None] | None) -> list[tuple[bool, float]]:
-        """Each state's rank: priced whole, but where an estimate gives its RT,
-        from that and its peak alone (`CostTable.peak_bytes`, kept in `peaks`:
-        its compute and kernels not priced). The work is `work`'s, shared with
-        the helpers, in the states' order."""
-        capacity, baseline_peak = self.table.hardware.capacity_bytes, self.baseline.peak_memory_bytes
-        return [read.rank if isinstance(read, Priced) else
-                (read[1] > capacity, read[0] + relative_memory_overflow(read[1], capacity, baseline_peak))
-                for read in self._read(states, estimates)]
+    def least(self, states: list[tuple[Point, np.ndarray]], estimates: list[float | None] | None,
+              here: tuple[bool, float]) -> tuple[int | None, list[bool]]:
+        """From a state that does not fit (ranked `here`): the index of the
+        best state that ranks before it (None: none does; the first of equals)
+        and per state whether it may (module docstring, "Bounds"). A state's
+        rank is bounded from below by its RT where known (its estimate, a
+        timing or price kept), else 0, and its peak where known, else a lower
+        bound of it (`CostTable.peak_lower_bound`, kept in `bounds`); the
+        state with the least bound is timed, or replayed for its peak
+        (`peaks`), and bounded again, `_AT_ONCE` states at a time, until the
+        least bound is an exact rank: the best. A state left with a bound
+        may improve where the bound ranks before `here`. The work is
+        `work`'s, shared with the helpers, in a fixed order."""
+        n = len(states)
+        keys = [codes.tobytes() for _, codes in states]
+        runtimes = [rt if rt is not None else self.exact_runtime(codes)
+                    for rt, (_, codes) in zip(estimates or [None] * n, states)]
+        peaks = [self._known_peak(key) for key in keys]
+        for k in range(n):
+            if runtimes[k] is not None and keys[k] not in self.prices:
+                self.fastest_s = min(self.fastest_s, runtimes[k] * self.baseline.step_time_s)
+        unbounded = {keys[k]: states[k][1] for k in range(n) if peaks[k] is None and keys[k] not in self.bounds}
+        for key, bound in zip(unbounded, self.tasks([("bound", codes) for codes in unbounded.values()])):
+            self.bounds[key] = bound
+        lower = [self._lower_rank(key, rt, peak) for key, rt, peak in zip(keys, runtimes, peaks)]
+        heap = [(rank, k) for k, rank in enumerate(lower)]
+        heapq.heapify(heap)
+        best: tuple[tuple[bool, float], int] | None = None
+        while heap and (best is None or heap[0] < best):
+            todo = []
+            while heap and len(todo) < _AT_ONCE and (best is None or heap[0] < best):
+                rank, k = heapq.heappop(heap)
+                known = runtimes[k], peaks[k]  # or made since, for an equal state (two actions, one plan)
+                runtimes[k] = self.exact_runtime(states[k][1]) if known[0] is None else known[0]
+                peaks[k] = self._known_peak(keys[k]) if known[1] is None else known[1]
+                if (runtimes[k], peaks[k]) != known:
+                    lower[k] = self._lower_rank(keys[k], runtimes[k], peaks[k])
+                    heapq.heappush(heap, (lower[k], k))
+                elif runtimes[k] is None or peaks[k] is None:
+                    todo.append(k)
+                elif best is None or (rank, k) < best:
+                    best = (rank, k)
+            tasks = [("time", states[k][1], None) if runtimes[k] is None else ("peak", states[k][1]) for k in todo]
+            for k, out in zip(todo, self.tasks(tasks)):
+                if runtimes[k] is None:
+                    step_time_s, runtimes[k], _ = out
+                    self.timed[keys[k]] = runtimes[k]
+                    self.fastest_s = min(self.fastest_s, step_time_s)
+                else:
+                    peaks[k] = self.peaks[keys[k]] = out
+                    if self.smallest is None or out < self.smallest[0]:
+                        self.smallest = (out, *states[k])
+                lower[k] = self._lower_rank(keys[k], runtimes[k], peaks[k])
+                heapq.heappush(heap, (lower[k], k))
+        improving = [rank < here for rank in lower]
+        return (best[1] if best is not None and best[0] < here else None), improving
+
+    def _known_peak(self, key: bytes) -> int | None:
+        """A state's peak where it was priced or replayed, else None."""
+        priced = self.prices.get(key)
+        return priced.cost.peak_memory_bytes if priced is not None else self.peaks.get(key)
+
+    def _lower_rank(self, key: bytes, runtime: float | None, peak: int | None) -> tuple[bool, float]:
+        """A state's rank where it was priced; else its rank with its RT or 0,
+        and its peak or the lower bound of it kept (`least`)."""
+        priced = self.prices.get(key)
+        if priced is not None:
+            return priced.rank
+        peak = self.bounds[key] if peak is None else peak
+        capacity = self.table.hardware.capacity_bytes
+        overflow = relative_memory_overflow(peak, capacity, self.baseline.peak_memory_bytes)
+        return peak > capacity, (runtime or 0.0) + overflow
 
     def figures(self, states: list[tuple[Point, np.ndarray]],
                 estimates: list[float | None] | None) -> list[tuple[float, int]]:
-        """Each state's step time and peak memory, as `ranks` prices them
-        (where an estimate gives its RT, its peak alone)."""
+        """Each state's step time and peak memory: priced whole, but where an
+        estimate gives its RT, from that and its peak alone
+        (`CostTable.peak_bytes`, kept in `peaks`: its compute and kernels not
+        priced)."""
         return [(read.cost.step_time_s, read.cost.peak_memory_bytes) if isinstance(read, Priced) else
                 (read[0] * self.baseline.step_time_s, read[1]) for read in self._read(states, estimates)]
 
     def _read(self, states: list[tuple[Point, np.ndarray]],
               estimates: list[float | None] | None) -> list[Priced | tuple[float, int]]:
-        """What `ranks` and `figures` read of each state: its price, or, where
+        """What `figures` reads of each state: its price, or, where
         an estimate gives its RT and it is not priced, (RT, its peak alone)."""
         estimates = estimates or [None] * len(states)
         peaks = {key: (point, codes) for (point, codes), rt in zip(states, estimates)
@@ -348,12 +429,15 @@ class Pricing:
         helper: ("codes", point, near): the point's codes (`codes`);
         ("time", codes, below): a state's step time, RT and, where the RT is
         below `below` (a number), its cost, else None, its peak not replayed;
-        ("price", codes): its cost; ("peak", codes): its peak memory alone."""
+        ("price", codes): its cost; ("peak", codes): its peak memory alone;
+        ("bound", codes): a lower bound of that (`CostTable.peak_lower_bound`)."""
         if task[0] == "codes":
             _, point, near = task
             return self.materialize.few(point, near).astype(self.table.code_dtype)
         if task[0] == "peak":
             return self.table.peak_bytes(self.held(task[1]), self.fold, held=True)
+        if task[0] == "bound":
+            return self.table.peak_lower_bound(self.held(task[1]), self.fold, held=True)
         timed = self.table.timed(self.held(task[1]), self.fold, held=True)
         if task[0] == "time":
             runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
