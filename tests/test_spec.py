@@ -113,6 +113,24 @@ def test_forward_step_and_sgd():
     assert "w1.new" in {r.name for r in sgd.function.results}
 
 
+def test_a_specs_rematerialized_programs_are_made_from_its_one_training_step(monkeypatch):
+    # The planner builds the program as written and, where memory binds, with every other and every
+    # layer recomputed: the training step is traced and differentiated once for all three.
+    import solver.planning.spec as spec_module
+    from ir.text import print_function
+
+    text = "model: {builder: transformer, args: {layers: 4}}\n" + MESH + HARDWARE
+    steps = []
+    real = spec_module.training_step
+    monkeypatch.setattr(spec_module, "training_step", lambda *a, **kw: steps.append(1) or real(*a, **kw))
+    spec = parse_spec(text)
+    built = [spec.build(remat) for remat in ((), ("layers.*[02]",), ("layers.*",))]
+    assert len(steps) == 1 and spec.build() is built[0]
+    for remat, model in zip(((), ("layers.*[02]",), ("layers.*",)), built):  # as a spec of its own builds it
+        assert print_function(model.function) == print_function(parse_spec(text).build(remat).function)
+    assert len({len(m.function.ops) for m in built}) == 3
+
+
 def test_missing_file_raises_oserror(tmp_path):
     with pytest.raises(OSError):
         load_spec(str(tmp_path / "missing.yaml"))

@@ -73,7 +73,7 @@ from pydantic import (
 from costmodel.hardware import PRESET_NAMES, ByteSize, Device, Fraction, Hardware, Link, preset_hardware
 from costmodel.hardware import PRESETS as HARDWARE_PRESETS
 from ir.autodiff import SGD, Adam, training_step
-from ir.core import IRError, Mesh
+from ir.core import IRError, Mesh, Recent
 from ir.models import BUILDERS, PRESETS, build, build_preset, check_args
 from ir.models.base import Model
 from ir.pipeline import PIPELINE
@@ -89,6 +89,8 @@ from solver.planning.tactics import Remat, RingAttention, Tactic
 # PartitionSpecs, where plain identifiers need no quoting.
 AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+# The training steps of the last few specs, before remat (`Spec.build`; a spec is frozen).
+_STEPS = Recent(2)
 
 
 class ModelSpec(_Strict):
@@ -494,29 +496,35 @@ class Spec(_Strict):
 
     def build(self, remat: tuple[str, ...] = ()) -> Model:
         """Trace the model; for `step: train`, its training step with the
-        optimizer, with the layers matching `remat` rematerialized (`ir.remat`)."""
-        model = self._build_forward()
+        optimizer, with the layers matching `remat` rematerialized (`ir.remat`).
+        The step before remat is made once for the last few specs (`_STEPS`):
+        a planner that tries recomputing layers builds two more programs from
+        it (llama2_70b: 0.8 s a step)."""
         if self.model.step == "forward":
             if remat:
                 raise SpecError(f"{self._source}: remat recomputes a layer's forward in the backward; "
                                 "it needs model.step: train")
-            return model
-        first = model.function.results[0]
-        if first.type.shape != ():
-            raise SpecError(f"{self._source}: model.step: train needs a scalar loss, but the program's first result "
-                            f"%{first.name} is {first.type} (an inference program: use step: forward)")
-        try:
-            step = training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]())
-        except IRError as exc:  # e.g. integer args.dtype: nothing to differentiate
-            raise SpecError(f"{self._source}: model.step: {exc}") from exc
+            return self._build_forward()
+        step, forward_ops = _STEPS.get((self,), None, self._training_step)
         if not remat:
             return step
-        forward_ops = len(model.function.ops)
         try:
             layers = select_layers(layer_segments(step.function, forward_ops), remat)
         except IRError as exc:
             raise SpecError(f"{self._source}: {exc}") from exc
         return dataclasses.replace(step, function=rematerialize(step.function, forward_ops, layers))
+
+    def _training_step(self) -> tuple[Model, int]:
+        """The training step of the traced model (not rematerialized) and the forward's op count."""
+        model = self._build_forward()
+        first = model.function.results[0]
+        if first.type.shape != ():
+            raise SpecError(f"{self._source}: model.step: train needs a scalar loss, but the program's first result "
+                            f"%{first.name} is {first.type} (an inference program: use step: forward)")
+        try:
+            return training_step(model, optimizer=OPTIMIZERS[self.model.optimizer]()), len(model.function.ops)
+        except IRError as exc:  # e.g. integer args.dtype: nothing to differentiate
+            raise SpecError(f"{self._source}: model.step: {exc}") from exc
 
     def ring_axis(self, name: str | None = None) -> str | None:
         """The axis the schedule's `ring_attention` names (None: attention's K/V are gathered)."""
