@@ -215,8 +215,9 @@ class Pricing:
         improving on their RT (module docstring, "Bounds"). Memory binds
         where the fastest does not fit; then (`binds`, the step before's) the
         candidates below here's C are replayed as they are timed, not timed
-        again when their turn comes. Where here does not fit, every
-        candidate is priced whole and ranked. The work is `work`'s, shared
+        again when their turn comes. Where here does not fit, the
+        candidates are ranked by bounds of their peak first (`least`), and
+        the best is priced whole. The work is `work`'s, shared
         with the helpers, in the candidates' order. `estimates`: per
         candidate, its RT where a delta gives it (`descend`), which stands
         for its timing (None: timed)."""
