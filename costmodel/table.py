@@ -381,8 +381,7 @@ class CostTable:
         (`solver.search.mcts_pricing`, "Bounds"); `held` as `timed`'s."""
         codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
         value_bytes = self.value_bytes(codes, fold)
-        run = Walk(self, codes)
-        run.partial_sums(fold)
+        run = self._walk(codes, False, fold)
         first = self.num_params
         if not len(self.fn.ops):
             return int(value_bytes.sum())

@@ -286,16 +286,25 @@ class Pricing:
             for k, out in zip(todo, self.tasks(tasks)):
                 if runtimes[k] is None:
                     step_time_s, runtimes[k], _ = out
-                    self.timed[keys[k]] = runtimes[k]
-                    self.fastest_s = min(self.fastest_s, step_time_s)
+                    self._keep_time(keys[k], step_time_s, runtimes[k])
                 else:
-                    peaks[k] = self.peaks[keys[k]] = out
-                    if self.smallest is None or out < self.smallest[0]:
-                        self.smallest = (out, *states[k])
+                    peaks[k] = out
+                    self._keep_peak(keys[k], states[k], out)
                 lower[k] = self._lower_rank(keys[k], runtimes[k], peaks[k])
                 heapq.heappush(heap, (lower[k], k))
         improving = [rank < here for rank in lower]
         return (best[1] if best is not None and best[0] < here else None), improving
+
+    def _keep_time(self, key: bytes, step_time_s: float, runtime: float) -> None:
+        """Keep a state's timing (`timed`), its peak not replayed."""
+        self.timed[key] = runtime
+        self.fastest_s = min(self.fastest_s, step_time_s)
+
+    def _keep_peak(self, key: bytes, state: tuple[Point, np.ndarray], peak: int) -> None:
+        """Keep a state's peak replayed alone (`peaks`), and the smallest seen."""
+        self.peaks[key] = peak
+        if self.smallest is None or peak < self.smallest[0]:
+            self.smallest = (peak, *state)
 
     def _known_peak(self, key: bytes) -> int | None:
         """A state's peak where it was priced or replayed, else None."""
@@ -329,11 +338,8 @@ class Pricing:
         estimates = estimates or [None] * len(states)
         peaks = {key: (point, codes) for (point, codes), rt in zip(states, estimates)
                  if rt is not None and (key := codes.tobytes()) not in self.prices and key not in self.peaks}
-        for (key, (point, codes)), peak in zip(peaks.items(), self.tasks(
-                [("peak", codes) for _, codes in peaks.values()])):
-            self.peaks[key] = peak
-            if self.smallest is None or peak < self.smallest[0]:
-                self.smallest = (peak, point, codes)
+        for (key, state), peak in zip(peaks.items(), self.tasks([("peak", codes) for _, codes in peaks.values()])):
+            self._keep_peak(key, state, peak)
         self.price_all([state for state, rt in zip(states, estimates) if rt is None])
         out: list[Priced | tuple[float, int]] = []
         for (_, codes), rt in zip(states, estimates):
@@ -352,8 +358,7 @@ class Pricing:
                 if (key := codes.tobytes()) not in self.prices and key not in self.timed}
         for (key, (point, codes)), (step_time_s, runtime, cost) in zip(todo.items(), self.tasks(
                 [("time", codes, below) for _, codes in todo.values()])):
-            self.fastest_s = min(self.fastest_s, step_time_s)
-            self.timed[key] = runtime
+            self._keep_time(key, step_time_s, runtime)
             if cost is not None:
                 self.spent_s += self._task_s["peak"]  # priced whole in the same task
                 self._priced(point, codes, key, cost)
