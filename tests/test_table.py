@@ -116,6 +116,31 @@ def test_the_peak_lower_bound_is_at_most_the_peak_and_counts_the_activations(mod
     assert np.median(ratios) > 0.8
 
 
+def test_a_cut_kernels_pieces_are_priced_alike_from_the_memo_and_afresh():
+    # CP-SAT prices each kernel under every combination of its links cut (`cpsat_terms._kernel_term`);
+    # `FusedKernels.price_pieces` keeps each piece's time by what that piece alone reads (its links cut,
+    # its I-classes' codes). A key that missed something a piece's time depends on would hand a piece
+    # another state's time: here each state's pieces, priced after all the others, against a cold memo.
+    model, mesh = MODELS["transformer-mqa-layernorm-gated-tied"](), MESHES["2x2x2"]
+    nda = analyze(model.function, model.params)
+    table = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    kernels = table.kernels
+    rng = random.Random("pieces")
+    states = []
+    for _ in range(6):
+        codes = np.append(table.codes(random_sharding(nda, mesh, rng)), 0)
+        for k, kernel in enumerate(kernels.kernels):
+            links = len(kernel.links)
+            for cut in rng.sample(range(2 ** links), min(6, 2 ** links)):
+                states.append((k, codes, tuple(n for n in range(links) if cut >> n & 1)))
+    warm = [kernels.price_pieces(k, codes, broken) for k, codes, broken in states]
+    assert len(kernels._memo) + len(kernels._lone_memo) < sum(map(len, warm))  # pieces shared across states
+    for (k, codes, broken), priced in zip(states, warm):
+        kernels._memo.clear()
+        kernels._lone_memo.clear()
+        assert kernels.price_pieces(k, codes, broken) == priced
+
+
 def test_tables_of_one_program_on_other_meshes_share_its_indexes_and_price_alike():
     # A mesh search builds a table per searched mesh of one program: what follows from the program
     # alone is made once and shared, and each table still prices as its mesh's lowering does, the
