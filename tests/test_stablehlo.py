@@ -261,3 +261,29 @@ def test_a_contraction_of_two_dtypes_runs_at_the_algorithms_precision(algorithm,
     assert fn.results[0].type.dtype == "f32"
     x, w = np.arange(6.0).reshape(2, 3) / 4, np.arange(12.0).reshape(3, 4) / 8  # exact in bf16
     np.testing.assert_allclose(run(fn, [x, w], float_dtype=np.float64)[0], x @ w)
+
+
+def test_split_top_splits_only_outside_brackets_and_quotes_with_or_without_its_fast_paths():
+    # `split_top` skips its scan by character where the text has no separator or no bracket or quote:
+    # the same parts as the scan on random texts of brackets, quotes, separators and `->`.
+    import random
+
+    from ir.stablehlo.reader import _depths, split_top
+
+    def scanned(text: str, sep: str) -> list[str]:
+        parts, start = [], 0
+        for i, ch, depth in _depths(text):
+            if ch == sep and depth == 0:
+                parts.append(text[start:i].strip())
+                start = i + 1
+        tail = text[start:].strip()
+        return parts + [tail] if tail else parts
+
+    assert split_top("tensor<2x3xf32>, tensor<f32>") == ["tensor<2x3xf32>", "tensor<f32>"]
+    assert split_top("%0:2, %1") == ["%0:2", "%1"] and split_top("a,,b,") == ["a", "", "b"]
+    assert split_top('(a, b), "c, d"') == ["(a, b)", '"c, d"'] and split_top("  ") == []
+    rng = random.Random(0)
+    for _ in range(20000):
+        text = "".join(rng.choice('ab ,%:1<>()[]{}"-') for _ in range(rng.randint(0, 12)))
+        for sep in ",:":
+            assert split_top(text, sep) == scanned(text, sep), (text, sep)
