@@ -268,16 +268,7 @@ def test_split_top_splits_only_outside_brackets_and_quotes_with_or_without_its_f
     # the same parts as the scan on random texts of brackets, quotes, separators and `->`.
     import random
 
-    from ir.stablehlo.reader import _depths, split_top
-
-    def scanned(text: str, sep: str) -> list[str]:
-        parts, start = [], 0
-        for i, ch, depth in _depths(text):
-            if ch == sep and depth == 0:
-                parts.append(text[start:i].strip())
-                start = i + 1
-        tail = text[start:].strip()
-        return parts + [tail] if tail else parts
+    from ir.stablehlo.reader import _split_scanned, split_top
 
     assert split_top("tensor<2x3xf32>, tensor<f32>") == ["tensor<2x3xf32>", "tensor<f32>"]
     assert split_top("%0:2, %1") == ["%0:2", "%1"] and split_top("a,,b,") == ["a", "", "b"]
@@ -286,4 +277,4 @@ def test_split_top_splits_only_outside_brackets_and_quotes_with_or_without_its_f
     for _ in range(20000):
         text = "".join(rng.choice('ab ,%:1<>()[]{}"-') for _ in range(rng.randint(0, 12)))
         for sep in ",:":
-            assert split_top(text, sep) == scanned(text, sep), (text, sep)
+            assert split_top(text, sep) == _split_scanned(text, sep), (text, sep)

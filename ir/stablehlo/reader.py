@@ -92,6 +92,11 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     if not any(ch in text for ch in '()[]{}<>"'):
         parts = [part.strip() for part in text.split(sep)]
         return parts if parts[-1] else parts[:-1]
+    return _split_scanned(text, sep)
+
+
+def _split_scanned(text: str, sep: str) -> list[str]:
+    """`split_top` by its scan by character, whatever the text."""
     parts, start = [], 0
     for i, ch, depth in _depths(text):
         if ch == sep and depth == 0:
