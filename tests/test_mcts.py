@@ -316,7 +316,10 @@ def test_polish_undoes_a_decision_a_descent_cannot():
 def test_polish_also_starts_where_the_incumbent_descent_ended():
     """The rounds may end in a basin the polish does not leave while the
     expert's lies elsewhere (llama2_70b): the polish then starts again from
-    where the incumbent's descent ended, and keeps the better end."""
+    where the incumbent's descent ended, and keeps the better end; only
+    from a plan within `_SECOND_STARTS_WITHIN` of the best's step time."""
+    from solver.search.mcts_polish import _SECOND_STARTS_WITHIN
+
     name, kwargs, mesh = ZERO_CASES[0]
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
     best_s = brute_force(space, table)
@@ -332,8 +335,14 @@ def test_polish_also_starts_where_the_incumbent_descent_ended():
 
     fitting = [p for p in space.points() if table.evaluate(space.codes(p)).fits]
     stuck = next(p for p in fitting if polished(p) > best_s * (1 + 1e-9))
-    reaching = next(p for p in fitting if polished(p) == pytest.approx(best_s, rel=1e-12))
-    assert polished(stuck, reaching) == pytest.approx(best_s, rel=1e-12)
+    reach = (1 + _SECOND_STARTS_WITHIN) * polished(stuck)
+    def step_s(point: Point) -> float:
+        return table.evaluate(space.codes(point)).step_time_s
+
+    assert any(polished(stuck, p) == pytest.approx(best_s, rel=1e-12) for p in fitting if step_s(p) <= reach)
+    # One whose own polish reaches the optimum, too far from the best to start from.
+    far = next(p for p in fitting if step_s(p) > reach and polished(p) == pytest.approx(best_s, rel=1e-12))
+    assert polished(stuck, far) == polished(stuck)
     assert polished(stuck, stuck) > best_s * (1 + 1e-9)
 
 

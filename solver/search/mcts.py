@@ -108,7 +108,9 @@ the incumbent's descent ended, if that is another plan: the rounds can end
 in a basin the polish does not leave while the expert's lies elsewhere
 (llama2_70b: the batch over all three axes and no tensor parallelism at
 8.696 s, 1.1% above CP-SAT; from the expert's DP+FSDP+MP+R the polish
-reaches the heads and the MLP on the model axis at 8.636 s).
+reaches the heads and the MLP on the model axis at 8.636 s). Those
+later polishes start only from plans within 20% of the best's step time
+(`mcts_polish._SECOND_STARTS_WITHIN`).
 
 Pricing: each state is priced from its codes by the shared cost table,
 memoized, a descent step's candidates bounded by their step times and
