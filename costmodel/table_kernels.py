@@ -65,6 +65,16 @@ class _Kernel:
     signature: int
 
 
+def _use_rows(t: Any, i: int) -> list[np.ndarray]:
+    """The I-classes of each operand of op i as it reads it, in the table `t`."""
+    return [t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank] for e in t.op_edges[i]]
+
+
+def _def_row(t: Any, i: int) -> np.ndarray:
+    """The I-classes of op i's result, in the table `t`."""
+    return t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank]
+
+
 def _kernel(t: Any, members: tuple[int, ...], signatures: dict[tuple, int]) -> _Kernel:
     """One kernel of several ops of the table `t`'s program."""
     at = {i: n for n, i in enumerate(members)}
@@ -82,8 +92,7 @@ def _kernel(t: Any, members: tuple[int, ...], signatures: dict[tuple, int]) -> _
     for i in members:
         v = t.num_params + i
         exported.append(bool(t.is_result[v]) or any(u not in at for u in t.users[v]))
-    rows = [t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank] for i in members for e in t.op_edges[i]]
-    rows += [t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank] for i in members]
+    rows = [row for i in members for row in _use_rows(t, i)] + [_def_row(t, i) for i in members]
     iclasses = sorted({int(k) for row in rows for k in row})
     position = {k: n for n, k in enumerate(iclasses)}
     pattern = tuple(tuple(position[int(k)] for k in row) for row in rows)
@@ -420,14 +429,10 @@ class FusedKernels:
         kernel = self.kernels[k]
         layout = self._pieces.get((kernel.signature, piece))
         if layout is None:
-            t, inside = self.t, set(piece)
+            inside = set(piece)
             internal = frozenset(n for n, (p, c, _) in enumerate(kernel.links) if p in inside and c in inside)
-            read: set[int] = set()
-            for m in piece:
-                i = kernel.ops[m]
-                for e in t.op_edges[i]:
-                    read.update(t.use_ic[e][: t.values[t.edge_vid_of[e]].type.rank].tolist())
-                read.update(t.def_ic[t.num_params + i][: t.values[t.num_params + i].type.rank].tolist())
+            ops_read = [kernel.ops[m] for m in piece]
+            read = {int(ic) for i in ops_read for row in _use_rows(self.t, i) + [_def_row(self.t, i)] for ic in row}
             places = np.array([n for n, ic in enumerate(kernel.iclasses) if ic in read], dtype=np.int64)
             layout = self._pieces[(kernel.signature, piece)] = (internal, places)
         internal, places = layout

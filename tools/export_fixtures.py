@@ -186,14 +186,6 @@ def example_args(name: str) -> tuple:
     return params, batch, m, v, jnp.float32(3.0)
 
 
-def args_structure(name: str):
-    """The tree structure of `example_args(name)`, made from numpy arrays: each
-    eager jnp op on a leaf of its own shape there is an XLA compile."""
-    _, make_args = PROGRAMS[name]
-    params, batch = make_args(np.random.default_rng(0))
-    return jax.tree.structure((params, batch, params, params, 0.0))
-
-
 def export(name: str, out: pathlib.Path) -> None:
     loss_fn, _ = PROGRAMS[name]
     args = example_args(name)
