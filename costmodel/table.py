@@ -114,6 +114,7 @@ class CostTable:
         self._op_memo: dict[tuple, tuple[float, str, int]] = {}
         self._chain_memo: dict[tuple, _Resharding] = {}
         self._step_memo: dict[tuple, tuple[float, int]] = {}  # `price_chain`
+        self._steps_memo: dict[tuple, tuple[DimAxes, tuple[Step, ...], int, int]] = {}  # `resharding`, by rank
         self._flow_memo: dict[tuple, int] = {}
         self._partial_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # `Walk.partial_sums`
         self._baseline = baseline
@@ -544,13 +545,20 @@ class CostTable:
         chain = self._chain_memo.get(key)
         if chain is None:
             ty = self.values[v].type
-            dims, wanted = self.unpack(state, ty.rank), self.unpack(want, ty.rank)
-            steps = reduce_steps(dims, self.mask_axes[mask], combiner, wanted) if mask else []
-            reduce_count = len(steps)
-            after = steps[-1].dims if steps else dims
-            if after != wanted:
-                steps += redistribute_steps(after, wanted)
-            chain = _Resharding(self.price_chain(ty, dims, steps), reduce_count, self.pack_dims(after))
+            # The steps follow from the shardings alone, shared by every type of the rank (llama2_70b's
+            # CP-SAT terms: 23,476 chains of 2,000 distinct step lists); their prices follow the type.
+            moves = self._steps_memo.get((ty.rank, state, mask, combiner, want))
+            if moves is None:
+                dims, wanted = self.unpack(state, ty.rank), self.unpack(want, ty.rank)
+                steps = reduce_steps(dims, self.mask_axes[mask], combiner, wanted) if mask else []
+                reduce_count = len(steps)
+                after = steps[-1].dims if steps else dims
+                if after != wanted:
+                    steps += redistribute_steps(after, wanted)
+                moves = self._steps_memo[(ty.rank, state, mask, combiner, want)] = (
+                    dims, tuple(steps), reduce_count, self.pack_dims(after))
+            dims, steps, reduce_count, reduced = moves
+            chain = _Resharding(self.price_chain(ty, dims, steps), reduce_count, reduced)
             self._chain_memo[key] = chain
         return chain
 

@@ -163,24 +163,20 @@ class TermModel:
         n = len(classes) + len(fails)
         if math.prod(map(len, reachable)) * 2 ** n > 2 ** _ENUMERATION_BITS:
             return list(itertools.product((0, 1), repeat=len(free)))
-        found = set()
-        for levels in itertools.product(*reachable):
-            x = dict(zip(groups, levels))
-            for bits in itertools.product((0, 1), repeat=n):
-                r = dict(zip(classes, bits))
-                fail = dict(zip(fails, bits[len(classes):]))
-                s: dict[int, int] = {}
-                early: dict[int, int] = {}
-                for k in order:
-                    key = self.keys[k]
-                    level = x[key.group]
-                    ok = all(r[c] != b for c, b in key.desel) and not fail.get(k, 0)
-                    early[k] = int(ok and LATE != level >= key.level[i]
-                                   and not any(early.get(j, 0) for j in key.higher))
-                    s[k] = early[k] or int(ok and level == LATE and not any(
-                        (x[h] == LATE) if flag else (LATE != x[h] >= least) for h, least, flag in key.late[i]))
-                found.add(tuple(s[k] for k in free))
-        return sorted(found)
+        # Per key in order, what its bit reads, as positions: its group's level in `levels`, its
+        # deselecting classes' and its failure's bits in `bits`, the keys above it in `order`, and its
+        # LATE blockers' groups. (The same rule with dicts per combination was a tenth of building a
+        # small model's terms: tests/test_cpsat.py's.)
+        g_at, c_at, f_at, o_at = ({v: p for p, v in enumerate(vs)} for vs in (groups, classes, fails, order))
+        rows = []
+        for k in order:
+            key = self.keys[k]
+            late = key.late[i] if key.late else None
+            rows.append((g_at[key.group], tuple((c_at[c], b) for c, b in key.desel),
+                         len(classes) + f_at[k] if k in f_at else None, key.level[i],
+                         tuple(o_at[j] for j in key.higher if j in o_at),
+                         None if late is None else tuple((g_at[h], least, flag) for h, least, flag in late)))
+        return _reachable_bits(rows, reachable, n, [o_at[k] for k in free])
 
     def key_combos(self, keys: tuple[int, ...]) -> list[tuple[frozenset[str], ...]]:
         """Per key, the auto axes it holds: every reachable, divisible combination."""
@@ -357,20 +353,17 @@ class TermModel:
         first_ic = t.use_ic[t.edges_of[v][0]][:rank].tolist()
         return pf, ("later", tuple(self.key_of[k] for k in first_ic)), first_ic
 
-    def _edge_resharding(self, e: int, codes: np.ndarray, state: dict, pf: int | None, role: tuple,
-                         first_ic: list[int]):
-        """The lowering's collectives in front of use e under `codes` and the
-        feature values `state`: the memoized resharding, or None if there are none."""
+    def _edge_resharding(self, v: int, have: int, want: int, first: int | None, state: dict, pf: int | None,
+                         role: tuple):
+        """The lowering's collectives in front of a use of value v, which has the
+        packed sharding `have` and the use wants `want` (`first`: the first
+        use's, for a later one), under the feature values `state`: the
+        memoized resharding, or None if there are none."""
         t = self.t
-        v = t.edge_vid_of[e]
-        rank = t.values[v].type.rank
-        have = packed(t, codes, t.def_ic[v][:rank].tolist())
-        want = packed(t, codes, t.use_ic[e][:rank].tolist())
         mask, combiner = state.get(pf, NOT_PARTIAL) if pf is not None else NOT_PARTIAL
         if mask and role[0] == "first" and state.get(role[1], False):
             mask = 0  # it flows through the op unreduced
         if mask and role[0] == "later":
-            first = packed(t, codes, first_ic)
             have, mask = t.resharding(v, have, mask, combiner, first).reduced, 0
         if not mask and have == want:
             return None
@@ -392,9 +385,15 @@ class TermModel:
 
     def _price_edge(self, e: int, name: tuple, dic: list[int], wic: list[int], first_ic: list[int],
                     pf: int | None, role: tuple) -> Term:
-        iclasses = dic + wic + first_ic
-        keys = tuple(sorted({self.key_of[k] for k in iclasses}))
-        repeat = int(self.t.edge_repeat[e])
+        t = self.t
+        v = t.edge_vid_of[e]
+        keys = tuple(sorted({self.key_of[k] for k in dic + wic + first_ic}))
+        # Each tensor's packed sharding from its dimensions' keys' codes, not from a code array: an edge
+        # term prices every combination of its keys (llama2_70b: 85,000), and a code array per
+        # combination, then read back per tensor, was a third of that.
+        at = {k: n for n, k in enumerate(keys)}
+        d_at, w_at, f_at = ([at[self.key_of[k]] for k in ics] for ics in (dic, wic, first_ic))
+        repeat = int(t.edge_repeat[e])
         flow_f = role[1] if role[0] == "first" else None
         inputs = tuple(f for f in (pf, flow_f) if f is not None)
         rows = []
@@ -403,12 +402,14 @@ class TermModel:
             joint = list(consistent(taken))
             if not joint:
                 continue
-            codes = self._codes(keys, taken, iclasses)
+            code = [self.code_of_key(k, tk) for k, tk in zip(keys, taken)]
+            have, want = t.pack_codes([code[n] for n in d_at]), t.pack_codes([code[n] for n in w_at])
+            first = t.pack_codes([code[n] for n in f_at]) if first_ic else None
             for values in joint:
-                chain = self._edge_resharding(e, codes, dict(zip(inputs, values)), pf, role, first_ic)
+                chain = self._edge_resharding(v, have, want, first, dict(zip(inputs, values)), pf, role)
                 seconds = sum(chain.priced.seconds) * repeat if chain is not None else 0.0
-                first = chain.priced.result_bytes[0] if _emits(chain) else 0
-                rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds, first_step_bytes=first))
+                first_bytes = chain.priced.result_bytes[0] if _emits(chain) else 0
+                rows.append(Combo(taken, tuple(values), (_emits(chain),), seconds, first_step_bytes=first_bytes))
         # Whether a collective sits on the use: a kernel reading it through this use is cut there.
         emits = {c.outputs[0] for c in rows}
         feature = self._feature(name + ("emits",), emits) if e in self.kernel_uses else None
@@ -488,6 +489,28 @@ class TermModel:
                 rows.append(Combo(taken, (), (), 0.0, size))
             term = self.terms[name] = Term("param", p, keys, (), (), rows, mult=0)
         return term
+
+
+def _reachable_bits(rows: list[tuple], reachable: list[tuple[int, ...]], n: int, out_at: list[int]) -> list[tuple]:
+    """`TermModel._enumerate_axis`'s enumeration: per combination of its
+    groups' levels and its `n` bits, whether each key holds the axis (early,
+    where its group's level reaches the key's and no key above it took the
+    axis; or LATE, where none of its blockers holds), read at `out_at`."""
+    found = set()
+    for levels in itertools.product(*reachable):
+        for bits in itertools.product((0, 1), repeat=n):
+            early, holds = [0] * len(rows), [0] * len(rows)
+            for k, (g, desel, fail, least_level, higher, late) in enumerate(rows):
+                level = levels[g]
+                if any(bits[c] == b for c, b in desel) or (fail is not None and bits[fail]):
+                    continue
+                if LATE != level >= least_level and not any(early[j] for j in higher):
+                    early[k] = holds[k] = 1
+                elif level == LATE and not any((levels[h] == LATE) if flag else (LATE != levels[h] >= least)
+                                               for h, least, flag in late):
+                    holds[k] = 1
+            found.add(tuple(holds[k] for k in out_at))
+    return sorted(found)
 
 
 def use_local_bytes(t: CostTable, e: int, codes: np.ndarray) -> int:
