@@ -546,7 +546,7 @@ class CostTable:
         if chain is None:
             ty = self.values[v].type
             # The steps follow from the shardings alone, shared by every type of the rank (llama2_70b's
-            # CP-SAT terms: 23,476 chains of 2,000 distinct step lists); their prices follow the type.
+            # CP-SAT terms: 28,599 chains, 17,013 distinct step lists); their prices follow the type.
             moves = self._steps_memo.get((ty.rank, state, mask, combiner, want))
             if moves is None:
                 dims, wanted = self.unpack(state, ty.rank), self.unpack(want, ty.rank)
