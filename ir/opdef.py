@@ -402,9 +402,13 @@ def _defines(op: Op, defined: dict[str, Value]) -> bool:
     for operand in op.operands:
         if defined.get(operand.name) is not operand:
             return False
-    if any(r.name in defined for r in op.results) or len({r.name for r in op.results}) != len(op.results):
+    results = op.results
+    if len(results) == 1:  # nearly every op: no generator and set for one name (a verify runs per build)
+        if results[0].name in defined:
+            return False
+    elif any(r.name in defined for r in results) or len({r.name for r in results}) != len(results):
         return False
-    for r in op.results:
+    for r in results:
         defined[r.name] = r
     return True
 
