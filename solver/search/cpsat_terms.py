@@ -353,7 +353,7 @@ class TermModel:
         first_ic = t.use_ic[t.edges_of[v][0]][:rank].tolist()
         return pf, ("later", tuple(self.key_of[k] for k in first_ic)), first_ic
 
-    def _edge_resharding(self, v: int, have: int, want: int, first: int | None, state: dict, pf: int | None,
+    def _edge_resharding(self, v: int, have: int, want: int, first: int, state: dict, pf: int | None,
                          role: tuple):
         """The lowering's collectives in front of a use of value v, which has the
         packed sharding `have` and the use wants `want` (`first`: the first
@@ -404,7 +404,7 @@ class TermModel:
                 continue
             code = [self.code_of_key(k, tk) for k, tk in zip(keys, taken)]
             have, want = t.pack_codes([code[n] for n in d_at]), t.pack_codes([code[n] for n in w_at])
-            first = t.pack_codes([code[n] for n in f_at]) if first_ic else None
+            first = t.pack_codes([code[n] for n in f_at])  # a later use's first use's (0 for a scalar)
             for values in joint:
                 chain = self._edge_resharding(v, have, want, first, dict(zip(inputs, values)), pf, role)
                 seconds = sum(chain.priced.seconds) * repeat if chain is not None else 0.0
