@@ -118,6 +118,16 @@ class TermModel:
             code = self._key_codes[(kid, taken)] = self.t.code_of[key.base + tuple(a for a in key.order if a in taken)]
         return code
 
+    def _codes_of_keys(self, keys: tuple[int, ...], taken: tuple[frozenset[str], ...]) -> list[int]:
+        """Each key's code in one combination of their axes."""
+        return [self.code_of_key(k, tk) for k, tk in zip(keys, taken)]
+
+    def _places(self, keys: tuple[int, ...], iclasses: Sequence[int]) -> list[int]:
+        """Where each I-class's key is in `keys`: a tensor's dimensions' codes are
+        `_codes_of_keys`' at those places, its packed sharding `pack_codes` of them
+        (no code array per combination, `_price_edge`)."""
+        return [keys.index(self.key_of[k]) for k in iclasses]
+
     def divisible(self, kid: int, taken: frozenset[str]) -> bool:
         ok = self._divisible.get((kid, taken))
         if ok is None:
@@ -391,8 +401,7 @@ class TermModel:
         # Each tensor's packed sharding from its dimensions' keys' codes, not from a code array: an edge
         # term prices every combination of its keys (llama2_70b: 85,000), and a code array per
         # combination, then read back per tensor, was a third of that.
-        at = {k: n for n, k in enumerate(keys)}
-        d_at, w_at, f_at = ([at[self.key_of[k]] for k in ics] for ics in (dic, wic, first_ic))
+        d_at, w_at, f_at = (self._places(keys, ics) for ics in (dic, wic, first_ic))
         repeat = int(t.edge_repeat[e])
         flow_f = role[1] if role[0] == "first" else None
         inputs = tuple(f for f in (pf, flow_f) if f is not None)
@@ -402,7 +411,7 @@ class TermModel:
             joint = list(consistent(taken))
             if not joint:
                 continue
-            code = [self.code_of_key(k, tk) for k, tk in zip(keys, taken)]
+            code = self._codes_of_keys(keys, taken)
             have, want = t.pack_codes([code[n] for n in d_at]), t.pack_codes([code[n] for n in w_at])
             first = t.pack_codes([code[n] for n in f_at])  # a later use's first use's (0 for a scalar)
             for values in joint:
@@ -459,13 +468,15 @@ class TermModel:
 
         def build() -> Term:
             keys = tuple(sorted({self.key_of[k] for k in dic}))
+            d_at = self._places(keys, dic)
             rows = []
             consistent = self._input_values(keys, (pf,))
             for taken in self.key_combos(keys):
                 have = None
                 for (value,) in consistent(taken):
                     if have is None:
-                        have = packed(t, self._codes(keys, taken, dic), dic)
+                        code = self._codes_of_keys(keys, taken)
+                        have = t.pack_codes([code[n] for n in d_at])
                     mask, combiner = value
                     seconds = sum(t.resharding(v, have, mask, combiner, have).priced.seconds) if mask else 0.0
                     rows.append(Combo(taken, (value,), (), seconds))
@@ -523,11 +534,6 @@ def use_local_bytes(t: CostTable, e: int, codes: np.ndarray) -> int:
 def _emits(chain) -> bool:
     """Whether a use's resharding puts a collective in front of it."""
     return chain is not None and bool(chain.priced.kinds)
-
-
-def packed(t: CostTable, codes: np.ndarray, iclasses: list[int]) -> int:
-    """A tensor's packed sharding, its dimensions' I-classes taking their codes."""
-    return t.pack_codes(codes[iclasses].tolist())
 
 
 # ------------------------------------------------------------ the CP-SAT model
