@@ -160,6 +160,9 @@ class CostTable:
         self.combiner_names = sorted({"sum", *self.op_combiner})
         self.combiner_id = {c: k for k, c in enumerate(self.combiner_names)}
         self.flow_levels = FlowLevels(self)
+        # Per op: whether its result may hold a partial sum under some plan (`rough_peak_bound`).
+        self.may_be_partial = np.zeros(len(fn.ops), dtype=bool)
+        self.may_be_partial[self.flow_levels.ops] = True
         return {name: value for name, value in vars(self).items() if name not in before}
 
     # ------------------------------------------------------------ static structure
@@ -383,14 +386,34 @@ class CostTable:
         (`solver.search.mcts_pricing`, "Bounds"); `held` as `timed`'s."""
         codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
         value_bytes = self.value_bytes(codes, fold)
-        run = self._walk(codes, False, fold)
-        first = self.num_params
         if not len(self.fn.ops):
             return int(value_bytes.sum())
+        return self._live_bound(value_bytes, self._walk(codes, False, fold).mask[self.num_params:-1] != 0)
+
+    def rough_peak_bound(self, plan: FactorSharding | np.ndarray, fold: TableFold | None = None, *,
+                         held: bool = False) -> int:
+        """A lower bound of `peak_lower_bound` at a fifth of its work: the
+        same, with every result that may hold a partial sum under some plan
+        (`FlowLevels`: a reduction's, or one a partial sum may flow through)
+        taken as partial, live at its op alone, so that no walk decides
+        which are. A result taken partial that is whole is live at its op
+        and after; one that is partial is live at its op in both, so each
+        op's live bytes here are at most the bound's. What ranks a descent
+        step's candidates first (`solver.search.mcts_pricing`, "Bounds").
+        `held` as `timed`'s."""
+        codes, fold = (plan, fold) if held else self._plan_codes(plan, fold)
+        value_bytes = self.value_bytes(codes, fold)
+        if not len(self.fn.ops):
+            return int(value_bytes.sum())
+        return self._live_bound(value_bytes, self.may_be_partial)
+
+    def _live_bound(self, value_bytes: np.ndarray, partial: np.ndarray) -> int:
+        """`peak_lower_bound`'s figure from the values' local bytes and which
+        op results count as partial sums (per op)."""
+        first = self.num_params
         # Live at op q: the whole values made at or before it, less those live only to an op before it
         # (`ended_before`, in `by_live_to`'s order), and the partial sum made there.
         sizes = value_bytes[first:]
-        partial = run.mask[first:-1] != 0
         whole = np.where(partial, 0, sizes)
         ended = np.concatenate([[0], np.cumsum(whole[self.by_live_to])])[self.ended_before]
         live = np.cumsum(whole) - ended + np.where(partial, sizes, 0)

@@ -105,15 +105,19 @@ def test_the_peak_lower_bound_is_at_most_the_peak_and_counts_the_activations(mod
     mesh = MESHES["2x2x2"]
     nda = analyze(model.function, model.params)
     table = CostTable(model.function, nda, mesh, hardware_for(mesh))
+    # The rough bound, which ranks a step's candidates first, takes every result that may be partial as
+    # partial: at most the bound (a result it took whole would make it exceed the bound where partial).
     rng = random.Random(model_name)
-    ratios = []
+    ratios, rough_ratios = [], []
     for _ in range(16):
         sharding = random_sharding(nda, mesh, rng)
         codes = np.append(table.codes(sharding), 0)
         bound, peak = table.peak_lower_bound(sharding), table.evaluate(sharding).peak_memory_bytes
-        assert table.value_bytes(codes)[: table.num_params].sum() < bound <= peak
+        rough = table.rough_peak_bound(sharding)
+        assert table.value_bytes(codes)[: table.num_params].sum() < rough <= bound <= peak
         ratios.append(bound / peak)
-    assert np.median(ratios) > 0.8
+        rough_ratios.append(rough / peak)
+    assert np.median(ratios) > 0.8 and np.median(rough_ratios) > 0.5
 
 
 def test_a_cut_kernels_pieces_are_priced_alike_from_the_memo_and_afresh():

@@ -480,7 +480,8 @@ def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = No
     common = dict(solver="mcts", axes=space.axes, solve_s=solve_s, build_s=build_s, iterations=done, rounds=rounds,
                   evaluations=len(search.prices), timed_only=len(search.timed.keys() - search.prices.keys()),
                   estimated=search.estimated,
-                  bounded=len(search.bounds.keys() - search.prices.keys() - search.timed.keys() - search.peaks.keys()),
+                  bounded=len((search.bounds.keys() | search.rough.keys()) - search.prices.keys()
+                              - search.timed.keys() - search.peaks.keys()),
                   states=len(search.nodes), merged=search.merged,
                   actions=len(search.actions), pruned=search.pruned,
                   space=space.decisions,
