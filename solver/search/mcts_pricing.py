@@ -37,8 +37,8 @@ misses, so every candidate is first bounded roughly
 (`CostTable.rough_peak_bound`: the same, every result that may ever be
 partial taken as partial, no walk), and a candidate popped with a rough
 bound is bounded exactly before it is timed. Exact bounds are then made
-for the fifth to a quarter that a step pops (mixtral_8x7b 5,700 -> 1,214 in its
-rounds, deepseek_v3_moe 10,963 candidates, 2,232 bounded exactly) at a
+for the fifth to a quarter that a step pops (mixtral_8x7b 5,700 -> 1,214
+in its rounds, deepseek_v3_moe 10,963 candidates, 2,232 bounded exactly) at a
 third to a seventh of the work on those two; on llama2_70b, whose walk
 mostly hits its memo, the rough bound costs two thirds of the exact one,
 and the two together about what the exact ones did. The focus of a
