@@ -160,9 +160,10 @@ class CostTable:
         self.combiner_names = sorted({"sum", *self.op_combiner})
         self.combiner_id = {c: k for k, c in enumerate(self.combiner_names)}
         self.flow_levels = FlowLevels(self)
-        # Per op: whether its result may hold a partial sum under some plan (`rough_peak_bound`).
-        self.may_be_partial = np.zeros(len(fn.ops), dtype=bool)
-        self.may_be_partial[self.flow_levels.ops] = True
+        # Per value: whether it may hold a partial sum under some plan (an op result the walk may reach:
+        # `rough_peak_bound`, `solver.search.footprints`).
+        self.may_be_partial = np.zeros(len(self.values), dtype=bool)
+        self.may_be_partial[self.num_params + self.flow_levels.ops] = True
         return {name: value for name, value in vars(self).items() if name not in before}
 
     # ------------------------------------------------------------ static structure
@@ -407,7 +408,7 @@ class CostTable:
         value_bytes = self.value_bytes(codes, fold)
         if not len(self.fn.ops):
             return int(value_bytes.sum())
-        return self._live_bound(value_bytes, self.may_be_partial)
+        return self._live_bound(value_bytes, self.may_be_partial[self.num_params:])
 
     def _live_bound(self, value_bytes: np.ndarray, partial: np.ndarray) -> int:
         """`peak_lower_bound`'s figure from the values' local bytes and which

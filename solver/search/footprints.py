@@ -54,9 +54,7 @@ class Footprints:
         self.op_factors = np.full((len(nda.op_factor_iclass), max(width, 1)), n_ic, dtype=np.int64)
         for i, factors in enumerate(nda.op_factor_iclass):
             self.op_factors[i, : len(factors)] = [k if k >= 0 else n_ic for k in factors]
-        may_be_partial = np.zeros(len(t.values), dtype=bool)
-        may_be_partial[t.num_params + t.flow_levels.ops] = True
-        self.may_be_partial = may_be_partial
+        self.may_be_partial = t.may_be_partial
         kernels = t.kernels.kernels
         self.kernel_of_ic = np.repeat(np.arange(len(kernels), dtype=np.int64), [len(k.iclasses) for k in kernels])
         self.kernel_ic = np.array([k for kernel in kernels for k in kernel.iclasses], dtype=np.int64)
