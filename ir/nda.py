@@ -34,6 +34,7 @@ or returned value) gets a fresh name per dimension. Then:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -44,31 +45,7 @@ import numpy as np
 from ir import ops
 from ir.core import Function, Op, Value
 
-# ------------------------------------------------------------ union-find
-
-
-class UnionFind:
-    """Union-find over 0..n-1 with path halving. The smaller id always becomes
-    the root, so representatives (and everything numbered from them) are
-    deterministic."""
-
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        parent = self.parent
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            if ra < rb:
-                self.parent[rb] = ra
-            else:
-                self.parent[ra] = rb
+# ------------------------------------------------------------ components
 
 
 class ParityUnionFind:
@@ -107,6 +84,32 @@ class ParityUnionFind:
         self.parent[rb] = ra
         self.parity[rb] = pa ^ pb ^ differ
         return True
+
+
+def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per element of 0..n-1 joined by the edges (a[k], b[k]): the smallest
+    element of its component (a union-find's roots, where the smaller root
+    always wins), computed in numpy: the analysis joins 10^5 pairs on 80
+    layers, and one Python `union` call each took a third of it. Each round
+    hooks every edge's larger root onto its smaller, then jumps pointers
+    until each label is a root, so every round leaves fewer roots; a label
+    is always an element of its component no larger than itself, so at the
+    fixed point it is the component's smallest."""
+    label = np.arange(n, dtype=np.int64)
+    while len(a):
+        la, lb = label[a], label[b]
+        apart = la != lb
+        if not apart.any():
+            break
+        la, lb = la[apart], lb[apart]
+        low = np.minimum(la, lb)
+        np.minimum.at(label, np.maximum(la, lb), low)
+        while True:
+            jumped = label[label]
+            if np.array_equal(jumped, label):
+                break
+            label = jumped
+    return label
 
 
 # ------------------------------------------------------------- the result
@@ -275,28 +278,33 @@ class _Names:
 
 
 class _RuleCache:
-    """Factor rules by (kind, operand types, attrs): repeated layers hit the cache."""
+    """Factor rules by (kind, operand types, attrs), the op's signature:
+    repeated layers hit the cache."""
 
     def __init__(self) -> None:
-        self.rules: dict[tuple, ops.FactorRule] = {}
+        self.rules: dict[tuple, tuple[ops.FactorRule, int]] = {}  # signature -> (rule, its number)
         # The same op asks again and again (per factor, per pass): by identity first, its key unhashed.
-        self.of_op: dict[int, tuple[Op, ops.FactorRule]] = {}
+        self.of_op: dict[int, tuple[Op, ops.FactorRule, int]] = {}
 
     def __call__(self, op: Op) -> ops.FactorRule:
+        return self.signature(op)[1]
+
+    def signature(self, op: Op) -> tuple[Op, ops.FactorRule, int]:
+        """The op, its rule and its signature's number (in order of first sight)."""
         known = self.of_op.get(id(op))
         if known is not None and known[0] is op:
-            return known[1]
+            return known
         key = (op.kind, tuple(o.type for o in op.operands), op.attrs)
         rule = self.rules.get(key)
         if rule is None:
-            rule = self.rules[key] = ops.factor_rule(op)
-        self.of_op[id(op)] = (op, rule)  # the op held: its id is not reused while the cache lives
-        return rule
+            rule = self.rules[key] = (ops.factor_rule(op), len(self.rules))
+        known = self.of_op[id(op)] = (op, *rule)  # the op held: its id is not reused while the cache lives
+        return known
 
 
 def _identities(fn: Function, names: _Names, rules: _RuleCache) -> tuple[np.ndarray, list[tuple], tuple]:
     """Unify the names each factor carries (as major factor); number the I-classes."""
-    uf = UnionFind(names.total)
+    joined: list[int] = []  # pairs of names, flat
     first_names: list[list[int]] = []
     for i, op in enumerate(fn.ops):
         rule = rules(op)
@@ -309,7 +317,7 @@ def _identities(fn: Function, names: _Names, rules: _RuleCache) -> tuple[np.ndar
                 if first[f] < 0:
                     first[f] = base + d
                 else:
-                    uf.union(first[f], base + d)
+                    joined += (first[f], base + d)
         first_names.append(first)
     owner_of_name: dict[int, tuple] = {}
     for vi, p in enumerate(fn.params):
@@ -323,13 +331,13 @@ def _identities(fn: Function, names: _Names, rules: _RuleCache) -> tuple[np.ndar
     # its definition, so results add no I-class and no conflict.
     for r, base in zip(fn.results, names.result_base):
         for d in range(r.type.rank):
-            uf.union(names.def_base[r] + d, base + d)
-    roots = np.fromiter((uf.find(n) for n in range(names.total)), np.int64, names.total)
+            joined += (names.def_base[r] + d, base + d)
+    pairs = np.array(joined, dtype=np.int64).reshape(-1, 2)
+    roots = components(names.total, pairs[:, 0], pairs[:, 1])
     ids, name_iclass = np.unique(roots, return_inverse=True)  # roots ascend: ids in program order
-    owners = [owner_of_name[int(r)] for r in ids]
-    op_factor_iclass = tuple(
-        tuple(int(name_iclass[n]) if n >= 0 else -1 for n in first) for first in first_names
-    )
+    owners = [owner_of_name[r] for r in ids.tolist()]
+    iclass_of = name_iclass.tolist()
+    op_factor_iclass = tuple(tuple(iclass_of[n] if n >= 0 else -1 for n in first) for first in first_names)
     return name_iclass.astype(np.int64), owners, op_factor_iclass
 
 
@@ -339,19 +347,25 @@ def _colors(fn: Function, names: _Names, name_iclass: np.ndarray, count: int):
     Returns the color of each I-class, the number of colors, and each
     I-class's neighbours along M (for propagation that stops where blocked).
     """
-    uf = UnionFind(count)
-    neighbors: list[set[int]] = [set() for _ in range(count)]
+    defined: list[int] = []  # per use of a dimension: the name of its definition, and its own
+    used: list[int] = []
     for op, bases in zip(fn.ops, names.use_base):
         for v, base in zip(op.operands, bases):
-            for d in range(v.type.rank):
-                a, b = int(name_iclass[names.def_base[v] + d]), int(name_iclass[base + d])
-                uf.union(a, b)
-                if a != b:
-                    neighbors[a].add(b)
-                    neighbors[b].add(a)
-    roots = np.fromiter((uf.find(i) for i in range(count)), np.int64, count)
-    ids, color = np.unique(roots, return_inverse=True)
-    return color.astype(np.int64), len(ids), tuple(tuple(sorted(n)) for n in neighbors)
+            rank = v.type.rank
+            if rank:
+                at = names.def_base[v]
+                defined += range(at, at + rank)
+                used += range(base, base + rank)
+    a = name_iclass[np.array(defined, dtype=np.int64)]
+    b = name_iclass[np.array(used, dtype=np.int64)]
+    ids, color = np.unique(components(count, a, b), return_inverse=True)
+    # Each I-class's neighbours, ascending: the distinct pairs of either direction, sorted.
+    apart = a != b
+    pairs = np.unique(np.concatenate([a[apart] * count + b[apart], b[apart] * count + a[apart]]))
+    ends = np.searchsorted(pairs // count, np.arange(count + 1))
+    others = (pairs % count).tolist()
+    neighbors = tuple(tuple(others[lo:hi]) for lo, hi in zip(ends[:-1].tolist(), ends[1:].tolist()))
+    return color.astype(np.int64).reshape(-1), len(ids), neighbors
 
 
 def _iclasses(fn: Function, rules: _RuleCache, owners: list[tuple], colors: list[int]) -> tuple[IClass, ...]:
@@ -359,10 +373,10 @@ def _iclasses(fn: Function, rules: _RuleCache, owners: list[tuple], colors: list
     or positions: equal for the same factor of identical ops in different
     layers) and whether block sharding may split it (not an opaque factor,
     nor the minor part of a merged dimension anywhere in its op). What
-    follows from an op is made once per op, what follows from its rule once
-    per rule: 10^5 owners on 80 layers."""
-    per_op: dict[int, tuple[str, ops.FactorRule]] = {}  # op index -> (its label's prefix, its rule)
-    per_rule: dict[int, tuple[bool, ...]] = {}  # id(rule) -> per factor, whether shardable
+    follows from an op's signature (`_RuleCache`) is made once per
+    signature: 10^5 owners on 80 layers, a few hundred signatures."""
+    per_op: dict[int, tuple] = {}  # op index -> per factor: (size, label, shardable)
+    per_signature: dict[int, tuple] = {}  # the op's signature's number (`_RuleCache`) -> the same
     out = []
     for i, owner in enumerate(owners):
         kind, at, f = owner
@@ -370,19 +384,22 @@ def _iclasses(fn: Function, rules: _RuleCache, owners: list[tuple], colors: list
             param = fn.params[at]
             out.append(IClass(i, colors[i], param.type.shape[f], owner, f"param:{param.type}:{f}", True))
             continue
-        known = per_op.get(at)
-        if known is None:
+        factors = per_op.get(at)
+        if factors is None:
             op = fn.ops[at]
-            types = ",".join(str(o.type) for o in op.operands)
-            known = per_op[at] = (f"{op.kind}({types}){dict(op.attrs.items)}", rules(op))
-        prefix, rule = known
-        shardable = per_rule.get(id(rule))
-        if shardable is None:
-            minor = {g for tensor in rule.operands + rule.results for dims in tensor for g in dims[1:]}
-            shardable = per_rule[id(rule)] = tuple(
-                factor.kind is not ops.FactorKind.OPAQUE and g not in minor for g, factor in enumerate(rule.factors))
-        factor = rule.factors[f]
-        out.append(IClass(i, colors[i], factor.size, owner, f"{prefix}:{factor.name}", shardable[f]))
+            _, rule, signature = rules.signature(op)
+            factors = per_signature.get(signature)
+            if factors is None:
+                types = ",".join(str(o.type) for o in op.operands)  # once per signature: a quarter of the analysis
+                prefix = f"{op.kind}({types}){dict(op.attrs.items)}"
+                minor = {g for tensor in rule.operands + rule.results for dims in tensor for g in dims[1:]}
+                factors = per_signature[signature] = tuple(
+                    (factor.size, f"{prefix}:{factor.name}",
+                     factor.kind is not ops.FactorKind.OPAQUE and g not in minor)
+                    for g, factor in enumerate(rule.factors))
+            per_op[at] = factors
+        size, label, shardable = factors[f]
+        out.append(IClass(i, colors[i], size, owner, label, shardable))
     return tuple(out)
 
 
@@ -407,39 +424,44 @@ class _ConflictFinder:
     """Collects conflicts (first occurrence order) and box alignments."""
 
     def __init__(self, names: _Names, name_iclass: np.ndarray, iclass_color: np.ndarray):
-        self.names, self.name_iclass, self.iclass_color = names, name_iclass, iclass_color
+        self.names = names
+        # Per dimension name, as lists: read a few at a time, 10^5 times on 80 layers.
+        self.iclass_of: list[int] = name_iclass.tolist()
+        self.color_of: list[int] = iclass_color[name_iclass].tolist()
         self.found: dict[tuple[int, int], int] = {}
         self.aligned: dict[tuple[int, int], None] = {}
 
-    def annotation(self, base: int, rank: int) -> list[tuple[int, int]]:
-        """(I-class, color) of each dimension name of one tensor."""
-        classes = self.name_iclass[base:base + rank]
-        return list(zip(classes.tolist(), self.iclass_color[classes].tolist()))
-
-    def record(self, ann: list[tuple[int, int]]) -> set[int]:
-        """Record the conflicts on one tensor; return the dims involved."""
+    def record(self, base: int, rank: int) -> set[int]:
+        """Record the conflicts on one tensor (its dimension names from
+        `base`); return the dims involved."""
+        colors = self.color_of[base:base + rank]
+        if len(set(colors)) == rank:  # no two dims of one color: most tensors
+            return set()
+        classes = self.iclass_of[base:base + rank]
         involved = set()
-        for d1, (a, ca) in enumerate(ann):
-            for d2 in range(d1 + 1, len(ann)):
-                b, cb = ann[d2]
-                if ca == cb and a != b:
+        for d1 in range(rank):
+            for d2 in range(d1 + 1, rank):
+                a, b = classes[d1], classes[d2]
+                if colors[d1] == colors[d2] and a != b:
                     self.found.setdefault((min(a, b), max(a, b)), len(self.found))
                     involved |= {d1, d2}
         return involved
 
     def definition(self, value: Value) -> None:
         if value.type.rank > 1:
-            self.record(self.annotation(self.names.def_base[value], value.type.rank))
+            self.record(self.names.def_base[value], value.type.rank)
 
     def use(self, value: Value, base: int) -> None:
         """A use's conflicts; each faces the same pair on the definition (M
         links them dim by dim): a box, aligned dimension by dimension."""
-        if value.type.rank < 2:
+        rank = value.type.rank
+        if rank < 2:
             return
-        at_use = self.annotation(base, value.type.rank)
-        at_def = self.annotation(self.names.def_base[value], value.type.rank)
-        for d in sorted(self.record(at_use)):
-            self.aligned[(at_def[d][0], at_use[d][0])] = None
+        involved = self.record(base, rank)
+        if involved:
+            at_def = self.names.def_base[value]
+            for d in sorted(involved):
+                self.aligned[(self.iclass_of[at_def + d], self.iclass_of[base + d])] = None
 
 
 def _compatibility(iclasses: tuple[IClass, ...], conflicts: tuple[Conflict, ...], aligned: list[tuple[int, int]]):
@@ -482,12 +504,16 @@ def _deselected(sets: list[CompatSet], cls: ResolutionClass) -> tuple[frozenset[
 
 class _IsomorphismClasses:
     """Groups compatibility sets whose labelled graphs are isomorphic, with
-    their sides aligned (possibly flipped). The WL hash only buckets; each
-    match is confirmed by an exact isomorphism test."""
+    their sides aligned (possibly flipped). Sets are bucketed by their size
+    (nodes, edges of each kind), then by the WL hash, computed only where a
+    bucket already holds a class (a program's sets are often one, every
+    layer's conflicts tied together: its hash was a seventh of the analysis
+    of 80 layers); each match is confirmed by an exact isomorphism test."""
 
     def __init__(self, iclasses: tuple[IClass, ...]):
         self.iclasses = iclasses
-        self.buckets: dict[str, list[tuple[int, nx.Graph]]] = {}
+        # size -> per class: its number, its graphs (sides as found, flipped) and their hashes' least
+        self.buckets: dict[tuple, list[list]] = {}
         self.count = 0
 
     def graph(self, side: dict[int, int], edges: list, flip: int) -> nx.Graph:
@@ -500,15 +526,26 @@ class _IsomorphismClasses:
 
     def classify(self, side: dict[int, int], edges: list) -> tuple[int, int]:
         graphs = [self.graph(side, edges, flip) for flip in (0, 1)]
-        hashes = [nx.weisfeiler_lehman_graph_hash(g, node_attr="label", edge_attr="kind") for g in graphs]
-        bucket = self.buckets.setdefault(min(hashes), [])
-        for class_id, rep in bucket:
-            for flip, g in enumerate(graphs):
-                if nx.is_isomorphic(g, rep, node_match=_same_label, edge_match=_same_kind):
-                    return class_id, flip
-        bucket.append((self.count, graphs[0]))
+        size = (len(side), tuple(sorted(Counter(kind for _, kind in edges).items())))
+        bucket = self.buckets.setdefault(size, [])
+        if bucket:
+            key = _least_hash(graphs)
+            for known in bucket:
+                if known[2] is None:
+                    known[2] = _least_hash(known[1])
+                if known[2] != key:
+                    continue
+                for flip, g in enumerate(graphs):
+                    if nx.is_isomorphic(g, known[1][0], node_match=_same_label, edge_match=_same_kind):
+                        return known[0], flip
+        bucket.append([self.count, graphs, None])
         self.count += 1
         return self.count - 1, 0
+
+
+def _least_hash(graphs: list[nx.Graph]) -> str:
+    """The least WL hash of a set's graphs (its sides as found, and flipped): the same for isomorphic sets."""
+    return min(nx.weisfeiler_lehman_graph_hash(g, node_attr="label", edge_attr="kind") for g in graphs)
 
 
 def _same_label(a: dict, b: dict) -> bool:

@@ -1,11 +1,13 @@
 """Named Dimension Analysis: the TOAST paper's examples and the analysis' invariants."""
 
+import networkx as nx
+import numpy as np
 import pytest
 
 from ir.autodiff import training_step
 from ir.builder import Builder
 from ir.models import build
-from ir.nda import ParityUnionFind, UnionFind, analyze
+from ir.nda import ParityUnionFind, analyze, components
 
 SMALL_TRANSFORMER = dict(d_model=12, heads=3, head_dim=4, mlp_hidden=20, vocab=11, seq=5, batch=2)
 
@@ -140,12 +142,24 @@ def test_iclasses_are_described_and_deterministic():
     assert first.describe_iclass(0) == "%x[0]"
 
 
-def test_union_find_roots_are_smallest_members():
-    uf = UnionFind(6)
-    uf.union(4, 2)
-    uf.union(5, 4)
-    uf.union(3, 1)
-    assert [uf.find(i) for i in range(6)] == [0, 1, 2, 1, 2, 2]
+def test_components_are_labelled_by_their_smallest_member():
+    assert components(6, np.array([4, 5, 3]), np.array([2, 4, 1])).tolist() == [0, 1, 2, 1, 2, 2]
+    assert components(3, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == [0, 1, 2]
+    # Long chains in shuffled order (a residual stream through many layers), against a graph search.
+    rng = np.random.default_rng(0)
+    for n in (50, 2000):
+        edges = rng.integers(0, n, size=(n, 2))
+        order = rng.permutation(n)
+        chain = np.stack([order[:-1], order[1:]], 1)[: n // 2]
+        a, b = np.concatenate([edges[:, 0], chain[:, 0]]), np.concatenate([edges[:, 1], chain[:, 1]])
+        graph = nx.Graph()
+        graph.add_nodes_from(range(n))
+        graph.add_edges_from(zip(a.tolist(), b.tolist()))
+        expected = [0] * n
+        for members in nx.connected_components(graph):
+            for m in members:
+                expected[m] = min(members)
+        assert components(n, a, b).tolist() == expected
 
 
 def test_parity_union_find_refuses_contradictions():
