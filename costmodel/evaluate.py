@@ -196,11 +196,15 @@ def kernel_times(fn: Function, hardware: Hardware, fusion: Fusion | None = None)
     time and its flops. A kernel of one op costs what the op costs alone."""
     fusion = fuse(fn) if fusion is None else fusion
     members = iter(kernel_members(fn, fusion))
+    priced: dict[tuple, tuple[float, int]] = {}  # per kernel's members: repeated layers repeat their kernels
     out = []
     for kernel in fusion.kernels:
         if len(kernel) > 1:
-            seconds, flops = fused_time_s(next(members), hardware)
-            out.append((FUSION, seconds, flops))
+            these = tuple(next(members))
+            known = priced.get(these)
+            if known is None:
+                known = priced[these] = fused_time_s(these, hardware)
+            out.append((FUSION, *known))
         else:
             op = fn.ops[kernel[0]]
             seconds, flops = op_time_s(op.kind, op.attrs, [v.type for v in op.operands],

@@ -141,14 +141,14 @@ def fused_time_s(members: Sequence[FusedOp], hardware: Hardware) -> tuple[float,
 def kernel_members(fn: Function, fusion: Fusion) -> list[list[FusedOp]]:
     """The kernels of several ops of `fn`, as FusedOps, in kernel order
     (kernels of one op are priced as the op alone and not listed)."""
+    kernel_of = fusion.kernel_of
     made_in: dict = {}  # value -> the kernel defining it
-    readers: dict = {}  # value -> the kernels reading it
     for i, op in enumerate(fn.ops):
-        k = fusion.kernel_of[i]
-        made_in.update((r, k) for r in op.results)
-        for v in op.operands:
-            readers.setdefault(v, set()).add(k)
-    returned = set(fn.results)
+        for r in op.results:
+            made_in[r] = kernel_of[i]
+    read_outside = set(fn.results)  # values a kernel other than their own reads, or returned
+    for i, op in enumerate(fn.ops):
+        read_outside.update(v for v in op.operands if made_in.get(v) != kernel_of[i])
     out = []
     for k, kernel in enumerate(fusion.kernels):
         if len(kernel) == 1:
@@ -158,9 +158,7 @@ def kernel_members(fn: Function, fusion: Fusion) -> list[list[FusedOp]]:
             op = fn.ops[i]
             (result,) = op.results
             external = tuple(made_in.get(v) != k for v in op.operands)
-            exported = result in returned or bool(readers.get(result, set()) - {k})
             members.append(FusedOp(op.kind, op.attrs, tuple(v.type for v in op.operands), result.type,
-                                   external, exported))
+                                   external, result in read_outside))
         out.append(members)
     return out
-
