@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from solver.frontend.cli import GC_THRESHOLDS
+
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
 EXAMPLES = ROOT / "examples"
@@ -14,7 +16,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(TESTS))
 # The suite builds, lowers and prices many large programs: collect cycles as the CLI does
 # (`solver.frontend.cli._fewer_collections`), not thousands of times over the same acyclic IR.
-gc.set_threshold(100_000, 50, 100)
+gc.set_threshold(*GC_THRESHOLDS)
 
 
 def shardplan(capsys, *argv):
