@@ -67,7 +67,10 @@ class Fusion:
 
 def components(count: int, links: Iterable[tuple[int, int]]) -> list[list[int]]:
     """The connected components of `count` nodes joined by `links`, each in
-    increasing order, ordered by their first node (union-find)."""
+    increasing order, ordered by their first node (union-find). In Python:
+    its hot caller cuts a kernel of a few ops (`FusedKernels`), where
+    numpy's cost per call would dominate; `ir.nda.components` labels the
+    10^5 names of a whole program in numpy."""
     parent = list(range(count))
 
     def root(i: int) -> int:
