@@ -453,11 +453,18 @@ def test_refit_finds_memory_in_several_decisions_where_one_fits_slowly():
     start = fitted.without((0, "batch"))
     assert not search.price(start, search.codes(start)).cost.fits
     descended = search.price(*search.descend(start, search.codes(start), (0, "batch")))
-    refitted_point, refitted_codes = mcts_polish.refit(search, start, (0, "batch"))
-    refitted = search.price(refitted_point, refitted_codes)
-    assert refitted.cost.fits and refitted.rank < descended.rank
-    assert (0, "batch") not in refitted_point.levels()
-    assert len(refitted_point.levels().items() - start.levels().items()) >= 2
+    # The actions' savings measured from the state itself, and (as the polish does) from the plan the
+    # decision was dropped from, shared by its refits: both find the memory in several decisions.
+    fitted_codes = search.codes(fitted)
+    savings = mcts_polish.Savings(search, fitted, fitted_codes, search.price(fitted, fitted_codes).cost)
+    items = savings.without((0, "batch"))
+    assert items and all((item[2].group, item[2].axis) != (0, "batch") for item in items)
+    for shared in (None, savings):
+        refitted_point, refitted_codes = mcts_polish.refit(search, start, (0, "batch"), shared)
+        refitted = search.price(refitted_point, refitted_codes)
+        assert refitted.cost.fits and refitted.rank < descended.rank
+        assert (0, "batch") not in refitted_point.levels()
+        assert len(refitted_point.levels().items() - start.levels().items()) >= 2
 
 
 @pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")

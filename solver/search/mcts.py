@@ -94,12 +94,13 @@ is 4% faster and still fits. Refit: where the dropped decision was what
 made the plan fit, a descent takes it (or the one other step that fits)
 again, however slow; the refit never takes that pair, and applies the
 cheapest few sets of up to three actions that save the memory together
-(each action's time and memory from the dropped state taken as adding
-up), then descends (Megatron's 18.4B: ZeRO-1 on two layer groups in place
-of a third, with ZeRO-3 of the embedding, 2.1% faster; no single action
-gets there). On the small ZeRO space of tests/test_mcts.py, a descent
-from 118 of the 128 fitting points ends above the optimum, the polish
-from 62 of them reaches it. It costs a few memoized descents per decision
+(each action's time and memory taken as adding up, measured once from the
+plan the polish moves from for all its decisions' refits), then descends
+(Megatron's 18.4B: ZeRO-1 on two layer groups in place of a third,
+with ZeRO-3 of the embedding, 2.1% faster; no single action gets there).
+On the small ZeRO space of tests/test_mcts.py, a descent from 118 of
+the 128 fitting points ends above the optimum, the polish from 62 of them
+reaches it. It costs a few memoized descents per decision
 of the answer; the decisions are scanned round, from the one that made the
 last move, and a polish that reaches a plan an earlier one moved through
 stops (unet: 1,036 -> 337 moves, mixtral_8x7b 913 -> 280, the same answers
