@@ -114,25 +114,62 @@ AttrValue = Any  # int | float | bool | str | tuple[AttrValue, ...]
 
 def freeze_attr(value: Any) -> AttrValue:
     """Turn lists into tuples, recursively, so attribute values are hashable."""
+    return _frozen(value, [])
+
+
+def _frozen(value: Any, spelled: list) -> AttrValue:
+    """`freeze_attr`, noting in `spelled` a float or bool met (`Attrs.spellings`)."""
+    kind = type(value)
+    if kind is int or kind is str:
+        return value
+    if kind is tuple or kind is list:
+        return tuple([_frozen(v, spelled) for v in value])
+    if kind is float or kind is bool:
+        spelled.append(kind)
+        return value
     if isinstance(value, (list, tuple)):
-        return tuple(freeze_attr(v) for v in value)
+        return tuple([_frozen(v, spelled) for v in value])
     if isinstance(value, np.generic) and not isinstance(value, np.str_):
-        return value.item()  # numpy scalars (shapes computed with numpy) become Python numbers
-    if isinstance(value, (bool, int, float, str)):
+        return _frozen(value.item(), spelled)  # numpy scalars (shapes computed with numpy) become Python numbers
+    if isinstance(value, bool | float):
+        spelled.append(float)
+        return value
+    if isinstance(value, (int, str)):
         return value
     raise IRError(f"unsupported attribute value {value!r} of type {type(value).__name__}")
 
 
+def _spelling(value: AttrValue) -> Any:
+    """What tells an attribute value from an equal one spelled otherwise
+    (1, 1.0 and True are equal, and hash alike): None for ints and strings
+    (and tuples of ints), which no other spelling equals; else the types."""
+    kind = type(value)
+    if kind is int or kind is str:
+        return None
+    if kind is tuple:
+        inner = tuple(map(_spelling, value))
+        return None if inner.count(None) == len(inner) else inner
+    return kind.__name__
+
+
 @dataclass(frozen=True, slots=True)
 class Attrs:
-    """An immutable attribute mapping, stored as key-sorted pairs."""
+    """An immutable attribute mapping, stored as key-sorted pairs. Equal
+    where the values are equal and spelled alike: the op registry memoizes
+    by attributes (`ir.opdef`), and a float 1.0 or a True must not come
+    back as another op's 1."""
 
     items: tuple[tuple[str, AttrValue], ...] = ()
+    spellings: tuple[tuple[str, Any], ...] = field(default=(), repr=False)  # per item not all ints or strings
 
     @staticmethod
     def of(mapping: Mapping[str, Any] | None = None) -> Attrs:
         mapping = mapping or {}
-        return Attrs(tuple(sorted((k, freeze_attr(v)) for k, v in mapping.items())))
+        spelled: list = []
+        items = tuple(sorted((k, _frozen(v, spelled)) for k, v in mapping.items()))
+        if not spelled:  # ints and strings alone: no other spelling equals them
+            return Attrs(items)
+        return Attrs(items, tuple((k, s) for k, v in items if (s := _spelling(v)) is not None))
 
     def __getitem__(self, key: str) -> AttrValue:
         for k, v in self.items:

@@ -1,5 +1,6 @@
 """Core objects and the verifier: SSA, straight-line order, types."""
 
+import numpy as np
 import pytest
 
 from ir import ops
@@ -47,6 +48,23 @@ def test_attrs_are_sorted_frozen_and_hashable():
     assert attrs["b"] == (1, (2, 3)) and "a" in attrs and attrs.get("c", 7) == 7
     assert hash(attrs) == hash(Attrs.of({"a": 1, "b": (1, (2, 3))}))
     assert attrs.replace(a=2)["a"] == 2 and attrs["a"] == 1
+
+
+def test_attrs_spelled_otherwise_are_other_attrs_and_normalize_as_given():
+    """1, 1.0 and True are equal in Python and hash alike; as attributes
+    they are spelled otherwise (the text form prints each as given), so the
+    op registry's memo of normalized attributes must not hand one op's 1
+    to another's 1.0 (it did: the memo was keyed by equal Attrs)."""
+    from ir.opdef import normalize_attrs
+
+    spelled = [Attrs.of({"shape": [2], "dtype": "f32", "value": v}) for v in (1, 1.0, True)]
+    assert len(set(spelled)) == 3
+    for attrs, value in zip(spelled, (1, 1.0, True)):
+        assert type(normalize_attrs("full", attrs)["value"]) is type(value)
+    # Nested, and numpy's scalars as the Python numbers they are.
+    assert Attrs.of({"v": [(1, 2), 3]}) != Attrs.of({"v": [(1, 2.0), 3]})
+    assert Attrs.of({"v": [np.float32(0.5)]}) == Attrs.of({"v": (0.5,)})
+    assert Attrs.of({"v": [np.int64(3)], "s": "x"}) == Attrs.of({"v": (3,), "s": "x"})
 
 
 def test_verifier_accepts_builder_programs():
