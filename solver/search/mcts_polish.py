@@ -132,7 +132,8 @@ def refit(search: Any, point: Point, avoid: Pair, savings: Savings | None = None
     return best_end
 
 
-def _savings(search: Any, point: Point, codes: np.ndarray, avoid: Pair, cost: Any) -> list[tuple[float, int, Any]]:
+def _savings(search: Any, point: Point, codes: np.ndarray, avoid: Pair | None,
+             cost: Any) -> list[tuple[float, int, Any]]:
     """Per action from the point that saves memory (never on `avoid`): the
     seconds it adds, the bytes it saves, the action; those that save the most
     bytes per second added first (a saving at no cost first of all)."""
