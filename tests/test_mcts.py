@@ -455,11 +455,12 @@ def test_refit_finds_memory_in_several_decisions_where_one_fits_slowly():
     descended = search.price(*search.descend(start, search.codes(start), (0, "batch")))
     # The actions' savings measured from the state itself, and (as the polish does) from the plan the
     # decision was dropped from, shared by its refits: both find the memory in several decisions.
-    fitted_codes = search.codes(fitted)
-    savings = mcts_polish.Savings(search, fitted, fitted_codes, search.price(fitted, fitted_codes).cost)
-    items = savings.without((0, "batch"))
-    assert items and all((item[2].group, item[2].axis) != (0, "batch") for item in items)
-    for shared in (None, savings):
+    measured = [mcts_polish.Savings(search, p, codes, search.price(p, codes).cost)
+                for p, codes in ((start, search.codes(start)), (fitted, search.codes(fitted)))]
+    for savings in measured:
+        items = savings.without((0, "batch"))
+        assert items and all((item[2].group, item[2].axis) != (0, "batch") for item in items)
+    for shared in measured:
         refitted_point, refitted_codes = mcts_polish.refit(search, start, (0, "batch"), shared)
         refitted = search.price(refitted_point, refitted_codes)
         assert refitted.cost.fits and refitted.rank < descended.rank

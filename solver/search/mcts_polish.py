@@ -105,7 +105,7 @@ def _polish_from(search: Any, point: Point, codes: np.ndarray) -> int:
     return tried
 
 
-def refit(search: Any, point: Point, avoid: Pair, savings: Savings | None = None) -> tuple[Point, np.ndarray]:
+def refit(search: Any, point: Point, avoid: Pair, savings: Savings) -> tuple[Point, np.ndarray]:
     """The polish's move where a dropped decision was what made the plan fit:
     never that pair again, and the memory it saved found elsewhere, by the
     few decisions that fit at least cost together where none fits alone (a
@@ -113,15 +113,14 @@ def refit(search: Any, point: Point, avoid: Pair, savings: Savings | None = None
     and memory are taken as adding up: the `_REFIT_TRIES` cheapest sets of
     at most `_REFIT_SIZE` actions that save enough are applied, and
     descended from; the best end is returned. `savings`: the actions' times
-    and bytes as measured from the plan the decision was dropped from
-    (`Savings`), else from the point."""
+    and bytes, as measured from the plan the decision was dropped from
+    (`Savings`)."""
     codes = search.codes(point)
     here = search.price(point, codes)
     best_end = search.descend(point, codes, avoid)
     if here.cost.fits:
         return best_end
-    items = savings.without(avoid) if savings is not None else \
-        _savings(search, point, codes, avoid, here.cost)[:_REFIT_ITEMS]
+    items = savings.without(avoid)
     need = here.cost.peak_memory_bytes - here.cost.capacity_bytes
     for chosen in _cheapest_sets(items, need):
         state = _applied(search, point, codes, [items[k][2] for k in chosen])
@@ -132,12 +131,11 @@ def refit(search: Any, point: Point, avoid: Pair, savings: Savings | None = None
     return best_end
 
 
-def _savings(search: Any, point: Point, codes: np.ndarray, avoid: Pair | None,
-             cost: Any) -> list[tuple[float, int, Any]]:
-    """Per action from the point that saves memory (never on `avoid`): the
-    seconds it adds, the bytes it saves, the action; those that save the most
-    bytes per second added first (a saving at no cost first of all)."""
-    actions = search.allowed(point, avoid)
+def _savings(search: Any, point: Point, codes: np.ndarray, cost: Any) -> list[tuple[float, int, Any]]:
+    """Per action from the point that saves memory: the seconds it adds, the
+    bytes it saves, the action; those that save the most bytes per second
+    added first (a saving at no cost first of all)."""
+    actions = search.valid(point)
     steps = [(a, after) for a, after in zip(actions, search.children(point, codes, actions)) if after is not None]
     # Each step's time from its delta where one is known, and then its peak alone (`Pricing.figures`).
     keys, estimates = search.estimates(point, codes, steps)
@@ -164,7 +162,7 @@ class Savings:
     deepseek_v3_moe. Measured when a refit first needs them."""
 
     def __init__(self, search: Any, point: Point, codes: np.ndarray, cost: Any) -> None:
-        self._measure = lambda: _savings(search, point, codes, None, cost)
+        self._measure = lambda: _savings(search, point, codes, cost)
         self._items: list[tuple[float, int, Any]] | None = None
 
     def without(self, avoid: Pair) -> list[tuple[float, int, Any]]:
