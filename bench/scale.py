@@ -19,6 +19,7 @@ and 4 GB.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import resource
@@ -54,9 +55,11 @@ def spec_text(layers: int) -> str:
 
 def measure_point(layers: int) -> dict:
     """One point of the curve, in this process."""
+    from solver.frontend.cli import GC_THRESHOLDS
     from solver.planning.planner import plan_spec
     from solver.planning.spec import parse_spec
 
+    gc.set_threshold(*GC_THRESHOLDS)  # the collector as `shardplan plan` runs it
     start = time.perf_counter()
     planned = plan_spec(parse_spec(spec_text(layers), f"<llama2_70b x {layers} layers>"))
     wall = time.perf_counter() - start
