@@ -178,21 +178,23 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
         experts = expert_floor(spec, programs, options, programs.table, programs.figures, programs.unfit)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
+    # The step time a searched plan must beat to be the answer: CP-SAT looks for no other (`_Search.floor_s`).
+    floor_s = None if experts is None or experts.best is None else experts.best.step_time_s
     if hint is not None:
         hints.setdefault(hint_remat if hint_remat is not None else prepared.remat if prepared is not None else (),
                          hint)
     try:
-        planned = _plan(spec, solver, options, overrides, progress, schedule, programs, remat, hints)
+        planned = _plan(spec, solver, options, overrides, progress, schedule, programs, remat, hints, floor_s)
         if not remat and planned.search and _memory_binds(planned):
             planned = _choose_remat(spec, solver, options, overrides, progress, schedule, programs, hints,
-                                    planned, None)
+                                    planned, None, floor_s)
     except NoPlanFits as no_fit:
         if remat:  # the schedule chose its remat itself
             planned = _floor_or_raise(spec, options, progress, programs, experts, no_fit)
         else:
             try:
                 planned = _choose_remat(spec, solver, options, overrides, progress, schedule, programs, hints,
-                                        None, no_fit)
+                                        None, no_fit, floor_s)
             except NoPlanFits as none_fits:
                 planned = _floor_or_raise(spec, options, progress, programs, experts, none_fits)
     if experts is None or planned.floor_kept:
@@ -325,7 +327,7 @@ def _memory_binds(planned: Planned) -> bool:
 
 def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
                   progress: Progress, schedule: str | None, programs, hints: dict,
-                  plain: Planned | None, no_fit: NoPlanFits | None) -> Planned:
+                  plain: Planned | None, no_fit: NoPlanFits | None, floor_s: float | None = None) -> Planned:
     """Rematerialization as a searched choice: when no plan of the program
     fits, or memory shaped the plan found, the same search runs on the
     program with every other layer and with every layer recomputed in its
@@ -344,7 +346,7 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
             continue
         try:
             tried.append((choice, _plan(spec, solver, options, overrides, progress, schedule, programs, choice,
-                                        hints)))
+                                        hints, floor_s)))
         except NoPlanFits as again:
             tried.append((choice, None))
             failures.append(f"with {', '.join(choice)} rematerialized: {again}")
@@ -361,10 +363,11 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
 
 def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: SearchOverrides | None,
           progress: Progress, schedule: str | None, programs, remat: tuple[str, ...],
-          hints: dict) -> Planned:
+          hints: dict, floor_s: float | None = None) -> Planned:
     """One schedule on the program with `remat` rematerialized; `hints`: per
     program (its remat), a plan of it for the search to start from, before
-    the schedule's own manual plan."""
+    the schedule's own manual plan; `floor_s`: the expert floor's step time
+    (`_Search.floor_s`)."""
     tactics, hint_tactics = _schedule(spec, schedule, solver, overrides or SearchOverrides(),
                                       programs.model(remat).pinned)
     searched = [k for k, tactic in enumerate(tactics) if isinstance(tactic, Auto)]
@@ -385,6 +388,7 @@ def _plan(spec: Spec, solver: str, options: LowerOptions | None, overrides: Sear
         search.score_at_least_step_time = spec.stages * spec.chunks == 1
         search.score_first_alone = spec.microbatches_auto  # its K is chosen for the first (`_reranking_score`)
     search.jobs = (overrides or SearchOverrides()).jobs
+    search.floor_s = floor_s
     if remat in hints:
         search.hint = hints[remat]
     elif hint_tactics:
@@ -509,6 +513,10 @@ class _Search:
         # Processes for work whose answer does not depend on where it runs: the MCTS's candidates
         # (`MctsOptions.jobs`), the plans CP-SAT re-ranks (`CpSatOptions.score_jobs`).
         self.jobs = 1
+        # The expert floor's step time: the planner answers the floor's plan unless a searched one is faster,
+        # so CP-SAT keeps only the plans that may be (`CpSatOptions.floor_s`), where it prices what the floor
+        # does (not where a score re-ranks its plans: a pipeline's or accumulation's step time).
+        self.floor_s: float | None = None
         self.reports: list[Any] = []
         self._table = None
         self.make_table: Callable[[], Any] | None = None  # the cost table, shared with the expert floor
@@ -534,12 +542,14 @@ class _Search:
                 from solver.search import cpsat
 
                 hint = self._start(space)
-                options = cpsat.CpSatOptions(budget, auto.workers, auto.seed, rerank=auto.rerank)
+                options = cpsat.CpSatOptions(budget, auto.workers, auto.seed, rerank=auto.rerank,
+                                             floor_s=self.floor_s if auto.rerank == 1 else None)
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",
                                                   score_at_least_step_time=self.score_at_least_step_time,
-                                                  score_jobs=self.jobs, score_first_alone=self.score_first_alone)
+                                                  score_jobs=self.jobs, score_first_alone=self.score_first_alone,
+                                                  floor_s=None)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

@@ -38,6 +38,15 @@ is not written into the model as a bound on the objective: on unet that
 constraint steered CP-SAT's search to a 0.13% worse plan in the same
 deterministic time; the hint alone starts the search there.)
 
+A floor (`CpSatOptions.floor_s`: the expert floor's step time, which the
+planner answers unless a searched plan is faster) is not written into the
+model either, for the same reason (unet: 7.597 -> 7.772 ms with it as a
+constraint): a solve stops once its best bound passes it, and no later
+memory round or remat program is searched (each only removes plans or adds
+compute), status "floor". deepseek_v3_moe, whose expert parallelism the
+space does not hold: 57-67 s of CP-SAT over three programs to a plan 60%
+slower than the expert's, 45 s over one.
+
 What the model proves is the serial step time (the sum of the fused
 kernels' times, `costmodel.evaluate`). The overlap of the two-stream
 simulator is a schedule, not a sum, so it is not in the model; with
@@ -94,6 +103,9 @@ class CpSatOptions:
     # chosen for the first), it is scored first, here.
     score_jobs: int = 1
     score_first_alone: bool = True
+    # A step time only a faster plan matters against (the expert floor's: the planner answers that plan
+    # otherwise): a solve stops once its bound shows that no plan beats it (`_Cp.solve`), status "floor".
+    floor_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +186,7 @@ class _Cp:
         largest = max((t.mult * c.seconds for t in varying for c in t.combos), default=0.0)
         self.unit = max(self.unit, largest / 2**40)
         self._tables: dict[int, _Table] = {}  # id(term) -> `_table`
+        self._rounding = len(varying) / 2  # units: at most the objective's rounding error (above)
         objective = []
         for term in terms:
             self._outputs(term)
@@ -185,6 +198,7 @@ class _Cp:
         self.memory_cuts = 0
         self.deterministic_s = 0.0  # CP-SAT's deterministic time over every solve so far
         self.rounds = 0  # solves so far (the progress line shows it)
+        self.floored = False  # the last solve proved that no plan beats `CpSatOptions.floor_s`
         self._bytes: dict[tuple, Any] = {}  # (id(term), measure) -> its local-KiB variable
 
     def _late_levels(self) -> dict[tuple[int, str], Any]:
@@ -352,10 +366,17 @@ class _Cp:
         # 3-axis model presolve spent three quarters of a solve rediscovering that (the 405B spec: 7.6 s a
         # solve, 1.8 s without); on the bundled specs the optima are the same.
         p.cp_model_presolve = False
+        # The floor: every plan's step time is at least the bound's (to the objective's rounding), so once
+        # the bound passes the floor no plan the search could still find would be the answer.
+        limit = math.inf if options.floor_s is None else \
+            (options.floor_s - self.constant_s) / self.unit + self._rounding
+        if options.floor_s is not None:
+            solver.best_bound_callback = lambda bound: solver.stop_search() if bound > limit else None
         status = solver.Solve(self.model, _Progress(self, progress) if progress.enabled else None)
         self.deterministic_s += solver.response_proto.deterministic_time
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                 cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
+        self.floored = name != "infeasible" and solver.BestObjectiveBound() > limit
         if name not in ("optimal", "feasible"):
             return name, None, None, None
         sharded = frozenset(v for v, var in self.x.items() if solver.Value(var))
@@ -488,6 +509,7 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
         progress.update(f"cpsat: solve {loop.rounds + 1}, {time.perf_counter() - solve_start:.1f} s", force=True)
         status, point, objective, bound = cp.solve(left, options, progress)
         loop.rounds += 1
+        loop.floored = cp.floored  # no plan that fits beats the floor (cuts only remove plans): the last solve
         if point is None:
             loop.exhausted = status == "infeasible"  # every plan that fits (and beats the incumbent) is found
             break
@@ -497,14 +519,16 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
         cost = table.evaluate(sharding)
         if cost.fits:
             hint = point
-            loop.found.append((plan, sharding, cost, objective, bound, status))
-            if len(loop.found) == wanted:
+            loop.found.append((plan, sharding, cost, objective, bound, "floor" if loop.floored else status))
+            if len(loop.found) == wanted or loop.floored:
                 break
             cp.exclude(sharding)  # the next solve finds the next best distinct plan
             continue
         # The next solve keeps the hint it had: a hint the cuts below rule out sends CP-SAT after a plan it
         # may not take (bench/scale.py's 80 layers, two solves: 23-29 s hinted so, 9-11 s with the first's).
         loop.saw(cost.peak_memory_bytes, sharding)
+        if loop.floored:
+            break
         cuts = memory_cuts(m, np.append(table.codes(sharding), 0), capacity)
         for counts in cuts:
             cp.memory_cut(counts, capacity)
@@ -521,11 +545,15 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
                   rounds=loop.rounds,
                   memory_cuts=cp.memory_cuts, no_goods=loop.no_goods,
                   smallest_peak_bytes=loop.smallest[0] if loop.smallest else None)
-    found = loop.with_incumbent(incumbent)
+    found = loop.with_incumbent(incumbent, options.floor_s if loop.floored else None)
     if found:
         return _answer(found, incumbent, options, table, progress, common)
     proven = loop.exhausted
     tries = f"in {loop.rounds} solves" if loop.rounds else f"within the time limit ({options.time_limit_s:g} s)"
+    if loop.floored:
+        report = SolveReport(status="floor", objective_s=None, bound_s=options.floor_s, gap=None,
+                             message=_beaten(options.floor_s, tries), **common)
+        return AutoResult(None, None, None, report)
     if not proven:
         tries += f" ({options.time_limit_s:g} s of solving; {cp.memory_cuts} memory cuts, {loop.no_goods} plans " \
                  "excluded one by one)"
@@ -544,16 +572,19 @@ class _Loop:
         self.found: list[tuple] = []  # (plan, sharding, cost, objective, bound, status)
         self.bound = 0.0
         self.exhausted = False
+        self.floored = False  # proven: no plan that fits beats `CpSatOptions.floor_s`
         self.smallest: tuple | None = None  # (peak, sharding)
 
     def saw(self, peak: int, sharding: FactorSharding) -> None:
         if self.smallest is None or peak < self.smallest[0]:
             self.smallest = (peak, sharding)
 
-    def with_incumbent(self, incumbent: tuple | None) -> list[tuple]:
+    def with_incumbent(self, incumbent: tuple | None, floor_s: float | None = None) -> list[tuple]:
         """The plans found, with a fitting hint first where the solve did not
         find it and it is faster than the best found (the model rounds step
-        times: a plan within its rounding of the hint may come first)."""
+        times: a plan within its rounding of the hint may come first).
+        `floor_s`: the solves proved that no plan that fits is faster than
+        it (`CpSatOptions.floor_s`)."""
         found = list(self.found)
         if incumbent is None or any(f[1] == incumbent[1] for f in found):
             return found
@@ -562,6 +593,8 @@ class _Loop:
             return found
         if found:  # what the solve proved about its optimum holds for the hint, as fast or faster
             bound, status = min(found[0][4], cost.step_time_s), found[0][5]
+        elif floor_s is not None:
+            bound, status = min(floor_s, cost.step_time_s), "floor"
         else:  # the time ran out before a plan that fits was found
             bound, status = min(self.bound, cost.step_time_s), "feasible"
         return [(plan, sharding, cost, cost.step_time_s, bound, status)] + found
@@ -595,7 +628,10 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
     best, bound, status = found[0][3:]  # what the solver proved is about the optimum
     gap = max(0.0, (best - bound) / best) if best > 0 else 0.0
     message = f"{status}: step time {best:.6g} s (bound {bound:.6g} s, gap {gap:.2%})"
-    if incumbent is not None and found[winner][1] == incumbent[1]:
+    if status == "floor":
+        whose = "the hint's" if incumbent is not None and found[winner][1] == incumbent[1] else "the plan found's"
+        message = _beaten(options.floor_s, f"in {common['rounds']} solves") + f"; {whose} step time {best:.6g} s"
+    elif incumbent is not None and found[winner][1] == incumbent[1]:
         message += "; the hint: no searched plan was faster" + (", none is" if status == "optimal" else "")
     if makespans:
         unscored, unfit = sum(m is None for m in makespans), math.isinf(makespans[winner])
@@ -610,6 +646,11 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
                          rerank_makespans_s=tuple(None if m is not None and math.isinf(m) else m for m in makespans),
                          rerank_winner=winner, **common)
     return AutoResult(plan, sharding, cost, report)
+
+
+def _beaten(floor_s: float, tries: str) -> str:
+    return f"floor: no plan of the space that fits is faster than {floor_s:.6g} s, the expert floor's step time " \
+           f"(proven {tries})"
 
 
 def _scores(found: list[tuple], options: CpSatOptions, table: CostTable) -> tuple[float | None, ...]:
