@@ -6,6 +6,8 @@ CP-SAT to a plan slower than the expert's, 11 s with the floor)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from test_cpsat import MEMORY_CASE, ZERO_CASES, _all_priced, setup, slow_hardware
 from test_floor import HP4
@@ -41,17 +43,29 @@ def test_a_floor_keeps_every_plan_that_may_beat_it(name, kwargs, mesh):
 def test_a_floor_no_plan_beats_is_proven_and_said(priced_space, below):
     space, table, fitting = priced_space
     floor_s = fitting[0][1].step_time_s * (1 - below)  # below the optimum by more than the model's rounding
+    # Without a hint, or with one slower than the floor, a copy of the model bounded by it is infeasible:
+    # no solve runs.
     alone = solve(space, table, CpSatOptions(time_limit_s=60, floor_s=floor_s))
-    assert alone.report.status == "floor" and alone.report.bound_s >= floor_s
+    assert alone.plan is None and alone.report.status == "floor" and alone.report.rounds == 0
+    assert alone.report.bound_s == floor_s
     assert "no plan of the space that fits is faster than" in alone.report.message
-    # The solve stops where its bound passes the floor, with the best plan found so far if it has one.
-    assert alone.plan is None or alone.cost.step_time_s >= floor_s
-    # A hint that fits is still the search's answer where nothing it found is faster.
     point, cost = fitting[len(fitting) // 2]
     hinted = solve(space, table, CpSatOptions(time_limit_s=60, floor_s=floor_s), hint=point)
-    assert hinted.report.status == "floor" and hinted.report.bound_s >= floor_s * (1 - 1e-12)
-    assert floor_s <= hinted.cost.step_time_s <= cost.step_time_s * (1 + 1e-12)
-    assert "step time" in hinted.report.message.rsplit(";", 1)[1]
+    assert hinted.report.status == "floor" and hinted.report.rounds == 0
+    assert hinted.cost.step_time_s == cost.step_time_s and hinted.report.bound_s == pytest.approx(floor_s)
+    assert hinted.report.message.endswith(f"the hint's step time {cost.step_time_s:.6g} s")
+
+
+def test_a_solve_stops_where_its_bound_passes_the_floor(priced_space, monkeypatch):
+    """Where the bounded copy proves nothing in its share of the time, the
+    solve stops once its own bound passes the floor."""
+    space, table, fitting = priced_space
+    floor_s = fitting[0][1].step_time_s * 0.9
+    monkeypatch.setattr(cpsat._Cp, "beats_floor", lambda self, seconds, options: True)
+    result = solve(space, table, CpSatOptions(time_limit_s=60, floor_s=floor_s))
+    assert result.report.status == "floor" and result.report.rounds == 1 and result.report.bound_s >= floor_s
+    assert result.plan is None or result.cost.step_time_s >= floor_s
+    assert "proven in 1 solves" in result.report.message
 
 
 def test_the_planner_hands_the_expert_floor_to_cpsat(monkeypatch):
@@ -71,3 +85,45 @@ def test_the_planner_hands_the_expert_floor_to_cpsat(monkeypatch):
     seen.clear()
     plan_spec(spec, "cpsat", prepared=prepare(spec), floor=False)
     assert seen == [None]
+
+
+def test_after_a_proof_no_program_that_recomputes_more_is_searched(monkeypatch):
+    """The remat search (tests/test_remat.py's program, 2.5 MB: only a
+    rematerialized program fits) after CP-SAT proves, on every other layer
+    recomputed, that no plan beats the floor (the proof taken as given
+    here): every layer recomputed only adds compute, so it is not searched,
+    and the answer is the floor's plan, with the search's report."""
+    from test_remat import FALLBACK
+
+    text = FALLBACK.replace("MEMORY", "2.5MB") + """schedules:
+  BP:
+    tactics:
+      - {manual: {axis: x, values: {batch.tokens: 0}}}
+  BP+R:
+    tactics:
+      - {manual: {axis: x, values: {batch.tokens: 0}}}
+      - remat: {values: ["layers.*"]}
+"""
+    searched = []
+    real = cpsat.solve
+
+    def solve_seen(space, table, options, hint=None, progress=None):
+        searched.append(len(space.nda.function.ops))
+        return real(space, table, options, hint, progress)
+
+    monkeypatch.setattr(cpsat, "solve", solve_seen)
+    spec = parse_spec(text, "fallback.yaml")
+    free = plan_spec(spec, "cpsat")
+    # BP does not fit: the program as written is not searched, both rematerialized ones are.
+    assert len(searched) == 2 and free.floor.best.schedule == "BP+R" and not free.floor_kept
+    searched.clear()
+
+    def solve_proven(space, table, options, hint=None, progress=None):
+        searched.append(len(space.nda.function.ops))
+        report = dataclasses.replace(real(space, table, options, hint, progress).report, status="floor")
+        return cpsat.AutoResult(None, None, None, report)
+
+    monkeypatch.setattr(cpsat, "solve", solve_proven)
+    proven = plan_spec(spec, "cpsat")
+    assert len(searched) == 1 and proven.floor_kept and proven.schedule == "BP+R"
+    assert [r.status for r in proven.search] == ["floor"]

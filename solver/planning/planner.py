@@ -12,7 +12,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,12 +309,22 @@ class _Programs:
 
 def _floor_or_raise(spec: Spec, options: LowerOptions | None, progress: Progress, programs,
                     experts: Floor | None, no_fit: NoPlanFits) -> Planned:
-    """No searched plan fits: the expert floor's schedule if one fits, else the error."""
+    """No searched plan fits: the expert floor's schedule if one fits (with the
+    report of the search that proved that no plan beats it, where one did),
+    else the error."""
     if experts is None or experts.best is None:
         raise no_fit
     best = experts.best
     kept = _plan(spec, "none", options, None, progress, best.schedule, programs, best.remat, {})
-    return dataclasses.replace(kept, floor=experts, floor_kept=True)
+    # A search that proved that no plan beats the floor, and so returned none, is reported.
+    search = () if no_fit.report is None else (no_fit.report,)
+    return dataclasses.replace(kept, floor=experts, floor_kept=True, search=search)
+
+
+def _floor_proven(reports: Sequence[Any]) -> bool:
+    """CP-SAT proved that no plan of the program, whether it fits or not (no
+    memory cut or no-good had removed any), beats the expert floor."""
+    return any(getattr(r, "status", None) == "floor" and not r.memory_cuts and not r.no_goods for r in reports)
 
 
 def _memory_binds(planned: Planned) -> bool:
@@ -335,6 +345,7 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
     fits is kept (the fewer layers recomputed on a tie)."""
     tried: list[tuple[tuple[str, ...], Planned | None]] = [((), plain)]
     failures = [f"{no_fit}"] if no_fit else []
+    floored = None  # the report of a search that proved that no plan beats the floor, where it found none
     for choice in REMAT_CHOICES:
         try:
             why = programs.unfit(choice)
@@ -350,11 +361,17 @@ def _choose_remat(spec: Spec, solver: str, options: LowerOptions | None, overrid
         except NoPlanFits as again:
             tried.append((choice, None))
             failures.append(f"with {', '.join(choice)} rematerialized: {again}")
+            if _floor_proven([again.report]):  # recomputing more layers only adds compute: none beats it either
+                floored = again.report
+                break
+            continue
+        if _floor_proven(tried[-1][1].search):
+            break
     fitting = [p for _, p in tried if p is not None and p.assessment.cost.fits]
     if not fitting:
         if no_fit is not None and len(tried) == 1:
             raise no_fit
-        raise NoPlanFits("; ".join(failures))
+        raise NoPlanFits("; ".join(failures), floored)
     best = min(fitting, key=lambda p: p.assessment.cost.step_time_s)
     times = tuple((choice, p.assessment.cost.step_time_s if p is not None and p.assessment.cost.fits else None)
                   for choice, p in tried)
@@ -555,7 +572,7 @@ class _Search:
             self.progress.clear()
         self.reports.append(result.report)
         if result.plan is None:
-            raise NoPlanFits(f"{where}: {result.report.message}")
+            raise NoPlanFits(f"{where}: {result.report.message}", result.report)
         return result.plan
 
     def _start(self, space) -> Any:

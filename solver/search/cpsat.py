@@ -41,11 +41,16 @@ deterministic time; the hint alone starts the search there.)
 A floor (`CpSatOptions.floor_s`: the expert floor's step time, which the
 planner answers unless a searched plan is faster) is not written into the
 model either, for the same reason (unet: 7.597 -> 7.772 ms with it as a
-constraint): a solve stops once its best bound passes it, and no later
-memory round or remat program is searched (each only removes plans or adds
-compute), status "floor". deepseek_v3_moe, whose expert parallelism the
-space does not hold: 57-67 s of CP-SAT over three programs to a plan 60%
-slower than the expert's, 45 s over one.
+constraint). Where the hint is slower than the floor (the floor's plan is
+outside the space), a copy of the model with the objective bounded by the
+floor is solved first, for a tenth of the time limit, to its first plan:
+infeasible proves that no plan beats the floor, and no solve runs
+(`_Cp.beats_floor`). Otherwise each solve stops once its best bound passes
+the floor. Either way no later memory round or remat program is searched
+(each only removes plans or adds compute), status "floor".
+deepseek_v3_moe, whose expert parallelism the space does not hold: 57-67 s
+of CP-SAT over three programs to a plan 60% slower than the expert's, now
+one bounded copy (1.5 s) and no solve (`plan --solver cpsat`: 7.4 s).
 
 What the model proves is the serial step time (the sum of the fused
 kernels' times, `costmodel.evaluate`). The overlap of the two-stream
@@ -81,6 +86,9 @@ from solver.search.report import SILENT, AutoResult, Progress, no_fit_message, r
 from solver.search.rerank import simulated_makespan_s
 from solver.search.space import FREE, LATE, Point, SearchSpace
 from solver.search.zero import WHOLE
+
+# The share of the time limit a solve may take to prove that no plan beats the floor (`_Cp.beats_floor`).
+_PROBE_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +202,8 @@ class _Cp:
                 low = min(c.seconds for c in term.combos)
                 excess = [round(term.mult * (c.seconds - low) / self.unit) for c in term.combos]
                 objective.append(self._bounded(term, excess))
-        model.Minimize(sum(v for v in objective if v is not None))
+        self._objective = [v for v in objective if v is not None]
+        model.Minimize(sum(self._objective))
         self.memory_cuts = 0
         self.deterministic_s = 0.0  # CP-SAT's deterministic time over every solve so far
         self.rounds = 0  # solves so far (the progress line shows it)
@@ -352,8 +361,7 @@ class _Cp:
             for c, var in self.r.items():
                 self.model.AddHint(var, bits.get(c, 0))
 
-    def solve(self, seconds: float, options: CpSatOptions,
-              progress: Progress = SILENT) -> tuple[str, Point | None, float | None, float | None]:
+    def _solver(self, seconds: float, options: CpSatOptions) -> cp_model.CpSolver:
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers = max(1, options.workers)
@@ -366,10 +374,37 @@ class _Cp:
         # 3-axis model presolve spent three quarters of a solve rediscovering that (the 405B spec: 7.6 s a
         # solve, 1.8 s without); on the bundled specs the optima are the same.
         p.cp_model_presolve = False
+        return solver
+
+    def _floor_units(self, floor_s: float) -> float:
+        """The objective's value at the floor, plus its rounding error: a plan
+        no faster than the floor has at least this value, and no plan faster
+        than it more (ties are kept)."""
+        return (floor_s - self.constant_s) / self.unit + self._rounding
+
+    def beats_floor(self, seconds: float, options: CpSatOptions) -> bool:
+        """Whether a plan may beat `options.floor_s`: False where a solve of a
+        copy of the model with the objective bounded by the floor is infeasible
+        within `seconds` (deterministic). The bound as a constraint proves
+        that in a fraction of the solve whose own bound has to get there
+        (deepseek_v3_moe: 0.8 s against 36 s), but it steers the search (unet's
+        plan 7.597 -> 7.772 ms), so it runs in a copy, and only where the hint
+        is no plan as fast as the floor (the floor's plan outside the space)."""
+        probe = self.model.Clone()
+        probe.Add(sum(probe.GetIntVarFromProtoIndex(v.Index()) for v in self._objective)
+                  <= math.floor(self._floor_units(options.floor_s)))
+        solver = self._solver(seconds, options)
+        solver.parameters.stop_after_first_solution = True
+        status = solver.Solve(probe)
+        self.deterministic_s += solver.response_proto.deterministic_time
+        return status != cp_model.INFEASIBLE
+
+    def solve(self, seconds: float, options: CpSatOptions,
+              progress: Progress = SILENT) -> tuple[str, Point | None, float | None, float | None]:
+        solver = self._solver(seconds, options)
         # The floor: every plan's step time is at least the bound's (to the objective's rounding), so once
         # the bound passes the floor no plan the search could still find would be the answer.
-        limit = math.inf if options.floor_s is None else \
-            (options.floor_s - self.constant_s) / self.unit + self._rounding
+        limit = math.inf if options.floor_s is None else self._floor_units(options.floor_s)
         if options.floor_s is not None:
             solver.best_bound_callback = lambda bound: solver.stop_search() if bound > limit else None
         status = solver.Solve(self.model, _Progress(self, progress) if progress.enabled else None)
@@ -500,7 +535,10 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     incumbent = _incumbent(space, table, hint, loop)
     solve_start = time.perf_counter()
     wanted = max(1, options.rerank)
-    while True:
+    if options.floor_s is not None and (incumbent is None or incumbent[2].step_time_s > options.floor_s * (1 + 1e-9)):
+        progress.update("cpsat: may a plan beat the expert floor?", force=True)
+        loop.floored = not cp.beats_floor(_PROBE_SHARE * options.time_limit_s, options)
+    while not loop.floored:
         left = options.time_limit_s - cp.deterministic_s
         if left <= 0 or time.perf_counter() > deadline:
             break
@@ -552,7 +590,7 @@ def solve(space: SearchSpace, table: CostTable, options: CpSatOptions | None = N
     tries = f"in {loop.rounds} solves" if loop.rounds else f"within the time limit ({options.time_limit_s:g} s)"
     if loop.floored:
         report = SolveReport(status="floor", objective_s=None, bound_s=options.floor_s, gap=None,
-                             message=_beaten(options.floor_s, tries), **common)
+                             message=_beaten(options.floor_s, _proof(loop.rounds)), **common)
         return AutoResult(None, None, None, report)
     if not proven:
         tries += f" ({options.time_limit_s:g} s of solving; {cp.memory_cuts} memory cuts, {loop.no_goods} plans " \
@@ -630,7 +668,7 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
     message = f"{status}: step time {best:.6g} s (bound {bound:.6g} s, gap {gap:.2%})"
     if status == "floor":
         whose = "the hint's" if incumbent is not None and found[winner][1] == incumbent[1] else "the plan found's"
-        message = _beaten(options.floor_s, f"in {common['rounds']} solves") + f"; {whose} step time {best:.6g} s"
+        message = _beaten(options.floor_s, _proof(common["rounds"])) + f"; {whose} step time {best:.6g} s"
     elif incumbent is not None and found[winner][1] == incumbent[1]:
         message += "; the hint: no searched plan was faster" + (", none is" if status == "optimal" else "")
     if makespans:
@@ -646,6 +684,10 @@ def _answer(found: list[tuple], incumbent: tuple | None, options: CpSatOptions, 
                          rerank_makespans_s=tuple(None if m is not None and math.isinf(m) else m for m in makespans),
                          rerank_winner=winner, **common)
     return AutoResult(plan, sharding, cost, report)
+
+
+def _proof(rounds: int) -> str:
+    return f"in {rounds} solves" if rounds else "with the objective bounded by it"
 
 
 def _beaten(floor_s: float, tries: str) -> str:

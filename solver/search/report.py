@@ -38,6 +38,10 @@ def report_json(report: Any) -> dict[str, Any]:
 class NoPlanFits(IRError):
     """No plan of the space fits the devices' memory (or none was found in time)."""
 
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report  # the search's, where one ran
+
 
 def no_fit_message(space: SearchSpace, table: CostTable, smallest: tuple[int, FactorSharding] | None,
                    proven: bool, tries: str) -> str:
