@@ -85,7 +85,8 @@ def measure(path: Path, overrides: SearchOverrides) -> dict:
             "build_s": sum(r["build_s"] for r in reports), "solve_s": sum(r["solve_s"] for r in reports),
             "searches": len(reports), "work_s": sum(r.get("work_s", 0.0) for r in reports),
             "rounds": sum(r.get("rounds", 0) for r in cpsat), "memory_cuts": sum(r["memory_cuts"] for r in cpsat),
-            "no_goods": sum(r["no_goods"] for r in cpsat), "gap": max((r["gap"] or 0.0 for r in cpsat), default=None),
+            "no_goods": sum(r["no_goods"] for r in cpsat),
+            "gap": max((r["gap"] for r in cpsat if r["gap"] is not None), default=None),
         }
     expert = row["expert"]["step_time_s"] if row["expert"] else None
     for solver in BACKENDS:
@@ -111,7 +112,9 @@ def _search(r: dict) -> str:
     if "error" in r:
         return "-" if r["error"].startswith("not run") else "no plan"
     searched = r["searched_step_time_s"]
-    return "no plan fits" if searched is None else _time(searched)
+    if searched is None:  # CP-SAT's "floor": proven that none beats the expert, so it returned none
+        return "none faster (floor)" if r["status"] == "floor" else "no plan fits"
+    return _time(searched)
 
 
 def _answer(r: dict) -> str:
@@ -130,7 +133,7 @@ def summary(rows: list[dict], seconds: float, jobs: int = 1, speed: tuple[float,
         e = row["expert"]
         expert = f"{e['schedule']} {_time(e['step_time_s'])}, {_gib(e['peak_memory_bytes'])}" if e else "none fits"
         c, m = row["cpsat"], row["mcts"]
-        cstatus = f" {c['status']}" if "error" not in c else ""
+        cstatus = f" {c['status']}" if "error" not in c and c["status"] != "floor" else ""
         lines.append(f"| {row['spec']} | {expert} | {_search(c)}{cstatus} | {_answer(c)} | {_search(m)} | "
                      f"{_answer(m)} |")
     worse = [f"{row['spec']} ({s})" for row in rows for s in BACKENDS
@@ -147,7 +150,8 @@ def summary(rows: list[dict], seconds: float, jobs: int = 1, speed: tuple[float,
     lines += ["", f"Answers worse than the best fitting expert: {', '.join(worse) or 'none'}. CP-SAT's search beats "
               f"the expert on {beat} of the {with_expert} specs with one that fits; MCTS within 1% of CP-SAT on "
               f"{within} of {len(near)}, its answer in under 10 s on {quick} of {len(ran)}. \"searched\": the "
-              "backend's own plan; \"answer\": what `plan --solver` returns (the expert's plan where no searched "
+              "backend's own plan (\"none faster (floor)\": CP-SAT proved that no plan of its space beats the "
+              "expert); \"answer\": what `plan --solver` returns (the expert's plan where no searched "
               "plan is faster), its ratio to the expert and the wall time. "
               f"{len(rows)} specs in {seconds:.0f} s{processes}, Python {platform.python_version()} on "
               f"{platform.machine()}"

@@ -178,7 +178,7 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
         experts = expert_floor(spec, programs, options, programs.table, programs.figures, programs.unfit)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
-    # The step time a searched plan must beat to be the answer: CP-SAT looks for no other (`_Search.floor_s`).
+    # The step time a searched plan must beat to be the answer: CP-SAT stops once it proves none can.
     floor_s = None if experts is None or experts.best is None else experts.best.step_time_s
     if hint is not None:
         hints.setdefault(hint_remat if hint_remat is not None else prepared.remat if prepared is not None else (),
@@ -531,7 +531,7 @@ class _Search:
         # (`MctsOptions.jobs`), the plans CP-SAT re-ranks (`CpSatOptions.score_jobs`).
         self.jobs = 1
         # The expert floor's step time: the planner answers the floor's plan unless a searched one is faster,
-        # so CP-SAT keeps only the plans that may be (`CpSatOptions.floor_s`), where it prices what the floor
+        # so CP-SAT stops once it proves that none is (`CpSatOptions.floor_s`), where it prices what the floor
         # does (not where a score re-ranks its plans: a pipeline's or accumulation's step time).
         self.floor_s: float | None = None
         self.reports: list[Any] = []
