@@ -363,7 +363,7 @@ def test_the_solve_after_memory_cuts_keeps_the_hint_it_had(monkeypatch):
     would go after a plan it may not take): until a plan fits, every solve
     is hinted with the hint the search was given, and the answer is the
     brute-force optimum of the plans that fit."""
-    import solver.search.cpsat as cpsat
+    from solver.search.cpsat_model import CpSatModel
 
     name, kwargs, mesh = MEMORY_CASE
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh))
@@ -375,8 +375,8 @@ def test_the_solve_after_memory_cuts_keeps_the_hint_it_had(monkeypatch):
     model, nda, table, space = setup(name, kwargs, mesh, slow_hardware(mesh, memory=f"{capacity}B"))
     given = fitting[-1][0]  # the slowest plan that fits
     hints = []
-    real = cpsat._Cp.hint
-    monkeypatch.setattr(cpsat._Cp, "hint", lambda self, point: hints.append(point) or real(self, point))
+    real = CpSatModel.hint
+    monkeypatch.setattr(CpSatModel, "hint", lambda self, point: hints.append(point) or real(self, point))
     result = solve(space, table, CpSatOptions(time_limit_s=60), hint=given)
     assert result.report.rounds >= 2 and result.report.memory_cuts
     assert all(h is given for h in hints)
@@ -400,9 +400,9 @@ def test_a_hint_that_fits_is_an_incumbent_never_beaten_by_a_worse_answer():
 
 
 def test_row_ids_and_functional_agree_with_tuples():
-    """`_row_ids` (packed into one integer, or through np.unique where the
-    radix would overflow) and `_functional` against plain tuples."""
-    from solver.search.cpsat import _functional, _row_ids
+    """`row_ids` (packed into one integer, or through np.unique where the
+    radix would overflow) and `functional` against plain tuples."""
+    from solver.search.cpsat_model import functional, row_ids
 
     rng = np.random.default_rng(0)
     for trial in range(60):
@@ -410,24 +410,24 @@ def test_row_ids_and_functional_agree_with_tuples():
         matrix = rng.integers(0, 3, size=(rng.integers(1, 40), 6)) * scale
         columns = sorted(rng.choice(6, size=rng.integers(0, 7), replace=False).tolist())
         values = rng.integers(0, 2, size=len(matrix))
-        ids = _row_ids(matrix, columns)
+        ids = row_ids(matrix, columns)
         rows = [tuple(r) for r in matrix[:, columns].tolist()]
         assert all((ids[i] == ids[j]) == (rows[i] == rows[j]) for i in range(len(rows)) for j in range(len(rows)))
         value_of: dict = {}
         expected = all(value_of.setdefault(r, v) == v for r, v in zip(rows, values.tolist()))
-        assert _functional(ids, values) == expected
+        assert functional(ids, values) == expected
 
 
 def test_each_combination_implies_its_own_values_through_the_columns_kept():
     """The model states a term's cost and outputs over only the literals they
-    depend on (`_Cp._projection`): projected, every combination still maps to
+    depend on (`CpSatModel._projection`): projected, every combination still maps to
     its own cost and its own output values, and on a 3-axis mesh the
     conjunctions are fewer than the combinations."""
-    from solver.search.cpsat import _Cp
+    from solver.search.cpsat_model import CpSatModel
     from solver.search.cpsat_terms import TermModel
 
     _, _, table, space = setup("transformer", dict(layers=1), Mesh.of(a=2, b=2, c=2), zero=True)
-    cp = _Cp(TermModel(space, table))
+    cp = CpSatModel(TermModel(space, table))
     combos = conjunctions = 0
     for term in cp.m.terms.values():
         if term.kind == "param":
@@ -449,12 +449,12 @@ import hashlib, sys
 sys.path.insert(0, "tests")
 from test_cpsat import setup
 from ir.core import Mesh
-from solver.search.cpsat import _Cp
+from solver.search.cpsat_model import CpSatModel
 from solver.search.cpsat_terms import TermModel
 _, _, table, space = setup("mlp", dict(batch=6, d_in=6, hidden=12, d_out=6), Mesh.of(a=2, b=2, c=3), zero=True)
 terms = TermModel(space, table)
 print(any(len(s) > 1 for key in terms.keys for sets in key.nondiv for s in sets),
-      hashlib.sha1(str(_Cp(terms).model.Proto()).encode()).hexdigest())
+      hashlib.sha1(str(CpSatModel(terms).model.Proto()).encode()).hexdigest())
 """
 
 

@@ -1,8 +1,8 @@
 """CP-SAT with a floor (`CpSatOptions.floor_s`): the planner answers the
-expert floor's plan unless a searched one is faster, so the model keeps only
-the plans that may be, and a search that finds none proves it and stops
+expert floor's plan unless a searched one is faster, so CP-SAT proves, where
+it can, that no plan of its space is, and stops
 (deepseek_v3_moe, whose expert parallelism is outside the space: 57 s of
-CP-SAT to a plan slower than the expert's, 11 s with the floor)."""
+CP-SAT to a plan slower than the expert's; now 1.5 s prove it)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import solver.search.cpsat as cpsat
 from solver.planning.planner import plan_spec, prepare
 from solver.planning.spec import parse_spec
 from solver.search.cpsat import CpSatOptions, solve
+from solver.search.cpsat_model import CpSatModel
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def test_a_floor_keeps_every_plan_that_may_beat_it(name, kwargs, mesh):
     _, _, table, space = setup(name, kwargs, mesh, slow_hardware(mesh), zero=True)
     optimum = solve(space, table, CpSatOptions(time_limit_s=60)).cost.step_time_s
     # At the optimum's own step time, a tie the model's rounding must not cut (on these three it would
-    # without `_Cp.beat`'s allowance for it), and above it.
+    # without `CpSatModel._floor_units`' allowance for it), and above it.
     for floor_s in (optimum, optimum * 1.5):
         result = solve(space, table, CpSatOptions(time_limit_s=60, floor_s=floor_s))
         assert result.report.status == "optimal", floor_s
@@ -61,7 +62,7 @@ def test_a_solve_stops_where_its_bound_passes_the_floor(priced_space, monkeypatc
     solve stops once its own bound passes the floor."""
     space, table, fitting = priced_space
     floor_s = fitting[0][1].step_time_s * 0.9
-    monkeypatch.setattr(cpsat._Cp, "beats_floor", lambda self, seconds, options: True)
+    monkeypatch.setattr(CpSatModel, "beats_floor", lambda self, seconds, options: True)
     result = solve(space, table, CpSatOptions(time_limit_s=60, floor_s=floor_s))
     assert result.report.status == "floor" and result.report.rounds == 1 and result.report.bound_s >= floor_s
     assert result.plan is None or result.cost.step_time_s >= floor_s
