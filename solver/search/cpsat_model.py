@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -22,12 +22,10 @@ from solver.search.report import SILENT, Progress
 from solver.search.space import FREE, LATE, Point
 from solver.search.zero import WHOLE
 
-if TYPE_CHECKING:
-    from solver.search.cpsat import CpSatOptions
-
 
 class CpSatModel:
-    """The CP-SAT model of a `TermModel`.
+    """The CP-SAT model of a `TermModel`. Its solves take the search's
+    `solver.search.cpsat.CpSatOptions` (typed Any: that module imports this one).
 
     A term is not given one boolean per combination: each combination is a
     full assignment of the term's derived booleans (and input features), so
@@ -239,7 +237,7 @@ class CpSatModel:
             for c, var in self.r.items():
                 self.model.AddHint(var, bits.get(c, 0))
 
-    def _solver(self, seconds: float, options: CpSatOptions) -> cp_model.CpSolver:
+    def _solver(self, seconds: float, options: Any) -> cp_model.CpSolver:
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers = max(1, options.workers)
@@ -260,7 +258,7 @@ class CpSatModel:
         than it more (ties are kept)."""
         return (floor_s - self.constant_s) / self.unit + self._rounding
 
-    def beats_floor(self, seconds: float, options: CpSatOptions) -> bool:
+    def beats_floor(self, seconds: float, options: Any) -> bool:
         """Whether a plan may beat `options.floor_s`: False where a solve of a
         copy of the model with the objective bounded by the floor is infeasible
         within `seconds` (deterministic). The bound as a constraint proves
@@ -277,7 +275,7 @@ class CpSatModel:
         self.deterministic_s += solver.response_proto.deterministic_time
         return status != cp_model.INFEASIBLE
 
-    def solve(self, seconds: float, options: CpSatOptions,
+    def solve(self, seconds: float, options: Any,
               progress: Progress = SILENT) -> tuple[str, Point | None, float | None, float | None]:
         solver = self._solver(seconds, options)
         # The floor: every plan's step time is at least the bound's (to the objective's rounding), so once
