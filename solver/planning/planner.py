@@ -559,14 +559,15 @@ class _Search:
                 from solver.search import cpsat
 
                 hint = self._start(space)
+                # The floor's step time is what a plan must beat only where the search's optimum is the answer.
+                alone = auto.rerank == 1 and self.score is None
                 options = cpsat.CpSatOptions(budget, auto.workers, auto.seed, rerank=auto.rerank,
-                                             floor_s=self.floor_s if auto.rerank == 1 else None)
+                                             floor_s=self.floor_s if alone else None)
                 if self.score is not None:
                     options = dataclasses.replace(options, rerank=max(auto.rerank, PIPELINE_RERANK), score=self.score,
                                                   score_name="the pipeline schedule",
                                                   score_at_least_step_time=self.score_at_least_step_time,
-                                                  score_jobs=self.jobs, score_first_alone=self.score_first_alone,
-                                                  floor_s=None)
+                                                  score_jobs=self.jobs, score_first_alone=self.score_first_alone)
                 result = cpsat.solve(space, self._table, options, hint, self.progress)
         finally:
             self.progress.clear()

@@ -108,7 +108,8 @@ class CpSatOptions:
     score_jobs: int = 1
     score_first_alone: bool = True
     # A step time only a faster plan matters against (the expert floor's: the planner answers that plan
-    # otherwise): a solve stops once its bound shows that no plan beats it (`CpSatModel.solve`), status "floor".
+    # otherwise): the search stops once a bounded copy of the model or a solve's own bound proves that no
+    # plan beats it (`CpSatModel.beats_floor`, `CpSatModel.solve`), status "floor".
     floor_s: float | None = None
 
 
