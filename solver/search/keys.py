@@ -77,6 +77,8 @@ class IClassKeys:
             for k, h, level, flag in space.late_blockers[a]:
                 late.setdefault((k, i), []).append((h, level, flag))
         self._late = {ki: tuple(sorted(blockers)) for ki, blockers in late.items()}  # (I-class, axis) -> blockers
+        # Per group, the auto axes where it may be set LATE (`_key`'s `late`; None: nowhere).
+        self._late_axes: dict[int, tuple[int, ...] | None] = {}
         self._masks: dict[tuple[int, ...], int] = {}  # `_free_mask`'s answers
         # A key is interned by its fields as a tuple (equal keys, equal tuples): the Key is made once a key,
         # not once an I-class (the 100,000 I-classes of an 80-layer step have some 70 to 125 keys).
@@ -115,15 +117,23 @@ class IClassKeys:
         base = space.base.axes[k]
         if FREE not in status:
             return (-1, base, status, (), (), (), (), (), ())
-        free = self._free_mask(status)
+        free = self._masks.get(status)
+        if free is None:
+            free = self._free_mask(status)
         shape = (ic.color, status, base, ic.size, space.part[k])
         known = self._shapes.get(shape)
         if known is None:
             known = self._shapes[shape] = self._shape(*shape)
         group, nondiv, level, order = known
         higher = tuple(sorted({j for j in above if self._free_masks[j] & free}))
-        late = tuple(self._late.get((k, i), ()) if (group, a) in space.late_pairs else None
-                     for i, a in enumerate(self.axes)) if space.late_variables else ()
+        late = ()
+        if space.late_variables:
+            late_axes = self._late_axes.get(group, ())
+            if late_axes == ():
+                late_axes = self._late_axes[group] = tuple(
+                    i for i, a in enumerate(self.axes) if (group, a) in space.late_pairs) or None
+            late = (None,) * len(self.axes) if late_axes is None else \
+                tuple(self._late.get((k, i), ()) if i in late_axes else None for i in range(len(self.axes)))
         return (group, base, status, self._desel.get(k, ()), nondiv, higher, level, order, late)
 
     def _shape(self, color: int, status: tuple[int, ...], base: tuple[str, ...], size: int,

@@ -86,6 +86,7 @@ point cost 2.04x the schedule).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -209,23 +210,33 @@ class SearchSpace:
                 always_off |= sides[0] & sides[1]
             else:
                 always_off |= sides[fixed_bits.get(cls, 0)]
-        blocked = set(self.base_plan.replicated)
+        blocked: dict[int, set[str]] = {}  # I-class -> the axes a replicate tactic keeps it from
+        for k, a in self.base_plan.replicated:
+            blocked.setdefault(k, set()).add(a)
         owner_axes: dict[tuple, set[str]] = {}
         for k, ic in enumerate(nda.iclasses):
             owner_axes.setdefault(ic.owner[:2], set()).update(base.axes[k])
+        owner_taken = {owner: frozenset(axes) for owner, axes in owner_axes.items()}
+        no_axes: frozenset[str] = frozenset()
+        sizes = {a: mesh.size(a) for a in self.axes}
+        # A row depends on these alone, and the 100,000 I-classes of an 80-layer step have a few hundred
+        # distinct ones: each row is made once (and kept once).
+        made: dict[tuple, tuple[int, ...]] = {}
         rows = []
         for k, ic in enumerate(nda.iclasses):
-            held = mesh.group_size(base.axes[k])
-            row = []
-            for a in self.axes:
-                if a in base.axes[k]:
-                    row.append(ON)
-                elif (not ic.shardable or k in always_off or (k, a) in blocked
-                      or a in owner_axes[ic.owner[:2]] or ic.size % (held * mesh.size(a))):
-                    row.append(OFF)
-                else:
-                    row.append(FREE)
-            rows.append(tuple(row))
+            held_axes = base.axes[k]
+            off = not ic.shardable or k in always_off
+            taken = owner_taken[ic.owner[:2]]
+            kept_from = frozenset(blocked[k]) if k in blocked else no_axes
+            what = (held_axes, off, ic.size, taken, kept_from)
+            row = made.get(what)
+            if row is None:
+                held = mesh.group_size(held_axes)
+                row = made[what] = tuple(
+                    ON if a in held_axes else
+                    OFF if off or a in kept_from or a in taken or ic.size % (held * sizes[a]) else FREE
+                    for a in self.axes)
+            rows.append(row)
         return tuple(rows)
 
     def _late_blockers(self) -> tuple[dict[str, list[tuple[int, ...]]], tuple[tuple[int, str], ...]]:
@@ -250,21 +261,21 @@ class SearchSpace:
             ordered = sorted(owner_members, key=lambda k: (rank[nda.iclasses[k].color], k))
             for i, a in last:
                 free = [k for k in ordered if self.status[k][i] == FREE]
-                for n, k in enumerate(free):
-                    g = self.group_of[nda.iclasses[k].color]
-                    if g not in data_groups:
-                        continue
-                    rows = set()
-                    for m, j in enumerate(free):
-                        if j == k:
-                            continue
-                        h = self.group_of[nda.iclasses[j].color]
-                        rows.add((k, h, self.level_of(h, a, self.part[j]), 0))
-                        if h in data_groups and m < n:
-                            rows.add((k, h, LATE, 1))
-                        if h not in data_groups:
+                # Per free I-class, its group and the level that group's decision needs to shard it: what
+                # keeps each other one of the owner from the axis, made once an I-class, not once a pair.
+                needs = [(h := self.group_of[nda.iclasses[j].color], self.level_of(h, a, self.part[j])) for j in free]
+                counts = Counter(needs)
+                beside_model = any(h not in data_groups for h, _ in needs)
+                earlier_data: set[int] = set()  # the data groups of the free I-classes before this one
+                for k, own in zip(free, needs):
+                    g = own[0]
+                    if g in data_groups:
+                        rows = {(k, *need, 0) for need, count in counts.items() if count > 1 or need != own}
+                        rows.update((k, h, LATE, 1) for h in earlier_data)
+                        found[a] += sorted(rows)
+                        if beside_model:
                             offered.add((g, a))
-                    found[a] += sorted(rows)
+                        earlier_data.add(g)
         late = tuple(pair for pair in self.variables if pair in offered)
         # Only the pairs offered LATE: an I-class whose group is never LATE there, or a group that never is.
         kept = {a: [(k, h, level, flag) for k, h, level, flag in rows
@@ -455,10 +466,17 @@ def _internal_color_keys(nda: NDA, tied: dict[int, tuple], named: set[int]) -> d
     first = {c: ("internal", len(nda.color_iclasses[c]),
                  tuple(sorted(nda.iclasses[k].label for k in nda.color_iclasses[c]))) for c in internal}
     known = {**tied, **first}
+    named_as: dict[int, str] = {}  # per color, its key as text (sortable whatever the keys hold), made once
+
+    def name(c: int) -> str:
+        text = named_as.get(c)
+        if text is None:
+            text = named_as[c] = repr(known.get(c, ("alone", c)))
+        return text
 
     def beside(k: int) -> tuple:
         ic = nda.iclasses[k]
-        return tuple(sorted(repr(known.get(c, ("alone", c))) for c in at_owner[ic.owner[:2]] if c != ic.color))
+        return tuple(sorted(name(c) for c in at_owner[ic.owner[:2]] if c != ic.color))
 
     return {c: ("internal", len(nda.color_iclasses[c]),
                 tuple(sorted((nda.iclasses[k].label, beside(k)) for k in nda.color_iclasses[c])))
