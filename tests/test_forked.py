@@ -1,10 +1,13 @@
 """solver.search.forked: work shared with forked processes (kept open by
-`Helpers`, one batch by `forked_map`), the results in order, a helper's
-failure raised here."""
+`Helpers`, its items taken as processes come free; one batch by
+`forked_map`), the results in order, a helper's failure raised here."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -17,18 +20,63 @@ def _where(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
 
+# Items are taken as processes come free, so which process works which item is the machine's
+# timing. A test that needs each process to work one item hands over a batch of `_Meet`s, one a
+# process: each waits at a barrier for the others, so no process can take a second before every
+# process took one.
+_PARENT = os.getpid()
+_BARRIER: list = []  # the barrier of the test running, made before its helpers fork
+
+
+@dataclass(frozen=True)
+class _Meet:
+    x: int
+
+
+def _meet(processes: int) -> list[_Meet]:
+    """A batch of one `_Meet` a process; call it before the helpers fork (they see the barrier then)."""
+    _BARRIER[:] = [multiprocessing.get_context("fork").Barrier(processes)]
+    return [_Meet(x) for x in range(processes)]
+
+
+def _where_met(item: _Meet | int) -> tuple[int, int]:
+    if isinstance(item, _Meet):
+        _BARRIER[0].wait(timeout=60)
+        item = item.x
+    return _where(item)
+
+
 @needs_fork
 def test_helpers_return_every_result_in_order_and_share_the_work():
-    with Helpers(_where, 3) as helpers:
+    with Helpers(_where_met, 3) as helpers:
+        met = helpers.map(_meet(3))  # each of the three processes takes one
         first = helpers.map(list(range(10)))
         again = helpers.map(list(range(7)))  # the same helpers, kept between batches
         kept = list(helpers._helpers)
+    assert [r for r, _ in met] == [0, 1, 4]
     assert [r for r, _ in first] == [x * x for x in range(10)]
     assert [r for r, _ in again] == [x * x for x in range(7)]
-    pids = {pid for _, pid in first}
+    pids = {pid for _, pid in met}
     assert len(pids) == 3 and os.getpid() in pids
-    assert {pid for _, pid in again} == pids  # not forked again
+    assert {pid for _, pid in first + again} <= pids  # not forked again
     assert all(not process.is_alive() for process, _ in kept)  # closed with the block
+
+
+@needs_fork
+def test_a_slow_item_does_not_hold_back_the_rest():
+    """Dealt in turn, a process would wait for the slow item's process to come to its next item."""
+    with Helpers(_slow_first, 2) as helpers:
+        out = helpers.map(_meet(2) + [2, 3, 4, 5])
+    slow = next(pid for (x, pid) in out[:2] if x == 0)
+    assert [x for x, _ in out] == [0, 1, 2, 3, 4, 5]
+    assert all(pid != slow for _, pid in out[2:])  # the other process took every item after the meeting
+
+
+def _slow_first(item: _Meet | int) -> tuple[int, int]:
+    x, pid = _where_met(item)
+    if isinstance(item, _Meet) and item.x == 0:
+        time.sleep(1.0)  # long enough for the other process to take every item left
+    return item.x if isinstance(item, _Meet) else item, pid
 
 
 def test_one_process_or_one_item_runs_here():
@@ -40,39 +88,82 @@ def test_one_process_or_one_item_runs_here():
         assert not helpers._helpers
 
 
-def _fails_on_three(x: int) -> int:
-    if x == 3:
-        raise ValueError("three is not allowed")
-    return x
+def _fails_in_a_helper(item: _Meet | int) -> int:
+    _where_met(item)
+    if os.getpid() != _PARENT:
+        raise ValueError("not in a helper")
+    return 0
 
 
 @needs_fork
-def test_a_helpers_failure_is_raised_here_with_its_traceback():
-    with Helpers(_fails_on_three, 2) as helpers, pytest.raises(RuntimeError, match="three is not allowed"):
-        helpers.map([0, 1, 2, 3])  # 3 goes to the helper (odd positions)
+def test_a_helpers_failure_is_raised_here_as_itself_with_its_traceback():
+    with Helpers(_fails_in_a_helper, 2) as helpers, pytest.raises(ValueError, match="not in a helper") as raised:
+        helpers.map(_meet(2))  # one of the two is the helper's
+    assert any("raised in a helper process" in note and "_fails_in_a_helper" in note
+               for note in raised.value.__notes__)
 
 
-def _dies_on_three(x: int) -> int:
-    if x == 3:
+class _Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not pickled")
+
+
+def _fails_unpicklably_in_a_helper(item: _Meet | int) -> int:
+    _where_met(item)
+    if os.getpid() != _PARENT:
+        raise _Unpicklable("the lock it holds")
+    return 0
+
+
+@needs_fork
+def test_a_helpers_failure_that_does_not_pickle_is_raised_with_its_traceback():
+    with Helpers(_fails_unpicklably_in_a_helper, 2) as helpers, \
+            pytest.raises(RuntimeError, match="a helper process failed:(.|\n)*the lock it holds"):
+        helpers.map(_meet(2))
+
+
+def _dies_in_a_helper(item: _Meet | int) -> int:
+    x, _ = _where_met(item)
+    if isinstance(item, _Meet) and os.getpid() != _PARENT:
         os._exit(9)  # as the kernel's OOM killer would end it
     return x
 
 
 @needs_fork
 def test_a_helper_that_dies_is_named_and_the_others_closed():
-    with Helpers(_dies_on_three, 2) as helpers:
+    meeting = _meet(2)  # its barrier made before the helper forks
+    with Helpers(_dies_in_a_helper, 2) as helpers:
         assert helpers.map([0, 1]) == [0, 1]
         with pytest.raises(RuntimeError, match="exit code 9"):
-            helpers.map([0, 1, 2, 3])
+            helpers.map(meeting)
         assert not helpers._helpers
+
+
+def _fails_here_on_meeting(item: _Meet | int) -> int:
+    x, _ = _where_met(item)
+    if isinstance(item, _Meet) and os.getpid() == _PARENT:
+        raise ValueError("failed here")
+    return item if isinstance(item, int) else -1
 
 
 @needs_fork
 def test_a_failure_here_leaves_no_answer_for_the_next_batch():
-    with Helpers(_fails_on_three, 2) as helpers:
-        with pytest.raises(ValueError, match="three"):
-            helpers.map([1, 0, 3, 2])  # 3 fails here (even positions), 0 and 2 were the helper's
+    with Helpers(_fails_here_on_meeting, 2) as helpers:
+        with pytest.raises(ValueError, match="failed here"):
+            helpers.map(_meet(2))  # the helper answered its item; this process failed on its own
         assert helpers.map([4, 5, 6, 7]) == [4, 5, 6, 7]  # not the helper's answer to the batch before
+
+
+def _fails_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three is not allowed")
+    return x
+
+
+def _dies_on_three(x: int) -> int:
+    if x == 3:
+        os._exit(9)  # as the kernel's OOM killer would end it
+    return x
 
 
 @needs_fork

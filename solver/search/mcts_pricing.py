@@ -84,9 +84,10 @@ hour, answered 4.177 s where it answers 4.175 s). As CP-SAT's
 deterministic time, it follows the wall only roughly.
 
 Helpers. With `jobs` above 1 (`shardplan plan --jobs N`), a descent
-step's candidates, their codes and then their prices, are worked in turn
-here and in forked helper processes kept for the whole search
-(`solver.search.forked.Helpers`, `Pricing.work`). Either is a function of
+step's candidates, their codes and then their prices, are worked here and
+in forked helper processes kept for the whole search, each process taking
+the next one not taken as it comes free (`solver.search.forked.Helpers`,
+`Pricing.work`). Either is a function of
 the codes, the space and the table alone, and the results are taken in the
 candidates' order, so the course, the memo tables and the answer are those
 of one process; only the time limit can tell them apart. A descent step
