@@ -246,14 +246,22 @@ def evaluate(fn: Function, hardware: Hardware, fused: bool = True) -> Cost:
 
 def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:
     """The lower bound: the global program's flops spread evenly over the
-    devices, each at its peak for the op's dtype."""
+    devices, each at its peak for the op's dtype (their sum made once a
+    program and device: each search and each plan's report reads it)."""
+    return _IDEAL_SECONDS.get((fn, hardware.device), None, lambda: _one_device_seconds(fn, hardware)) / devices
+
+
+_IDEAL_SECONDS = Recent(4)
+
+
+def _one_device_seconds(fn: Function, hardware: Hardware) -> float:
     total = 0.0
     for op in fn.ops:
         if op.kind in COMMUNICATION:
             continue
         dtype = compute_dtype([v.type for v in op.operands], [v.type for v in op.results])
         total += ops.op_cost(op).flops / hardware.device.peak(dtype)
-    return total / devices
+    return total
 
 
 def relative_memory_overflow(peak_bytes: int, capacity_bytes: float, baseline_peak_bytes: int,

@@ -80,8 +80,7 @@ class FastCodes:
         # others, then data groups set LATE (with what keeps their I-classes from the axis, as arrays).
         self.passes = ([(a, _DATA) for a in space.axes] + [(a, _OTHER) for a in reversed(space.axes)]
                        + [(a, _LATE) for a in space.axes if any(b == a for _, b in space.late_variables)])
-        self.late_rows = {a: tuple(np.array(col, dtype=np.int64).reshape(-1) for col in zip(*rows)) if rows
-                          else tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
+        self.late_rows = {a: tuple(np.ascontiguousarray(col) for col in np.array(rows, dtype=np.int64).reshape(-1, 4).T)
                           for a, rows in space.late_blockers.items()}
         # The last `near` point's passes: (point, its (group, level) pairs per pass, its state after each).
         self._recorded: tuple[Point, list, list] | None = None
