@@ -41,7 +41,10 @@ and C* the ideal step time's RT, so rewards lie in (0, 1]. After a round
 the best found is applied: the root's child on the way to the best state
 becomes the next round's root. A round also ends early once `patience`
 trajectories in a row did not beat the round's best trajectory. The
-search stops when a round brings no improvement, or when the budget
+search stops when a round brings no improvement, or one of less than
+`round_gain` (0.5%) of the best C(s) (the polish takes such gains: on the
+22 bundled specs the same answers, mixtral_8x7b's search 11.1 -> 9.5 s of
+work, gns 3.1 -> 2.1 s, unet 7.3 -> 6.7 s), or when the budget
 (trajectories, seconds) is spent. "Best" is lexicographic: plans that fit
 memory first, then C(s).
 
@@ -104,14 +107,14 @@ reaches it. It costs a few memoized descents per decision
 of the answer; the decisions are scanned round, from the one that made the
 last move, and a polish that reaches a plan an earlier one moved through
 stops (unet: 1,036 -> 337 moves, mixtral_8x7b 913 -> 280, the same answers
-within 0.002%). With an incumbent, the polish then starts again from where
-the incumbent's descent ended, if that is another plan: the rounds can end
-in a basin the polish does not leave while the expert's lies elsewhere
-(llama2_70b: the batch over all three axes and no tensor parallelism at
-8.696 s, 1.1% above CP-SAT; from the expert's DP+FSDP+MP+R the polish
-reaches the heads and the MLP on the model axis at 8.636 s). Those
-later polishes start only from plans within 20% of the best's step time
-(`mcts_polish._SECOND_STARTS_WITHIN`).
+within 0.002%). Those from the descents avoiding a committed decision
+start only from plans within 20% of the best's step time
+(`mcts_polish._SECOND_STARTS_WITHIN`). A polish from where the
+incumbent's descent ended, tried as well, improved none of the 22 bundled
+specs' answers, the rounds and the first polish reaching what it once
+found (llama2_70b: the heads and the MLP on the model axis, from the
+expert's DP+FSDP+MP+R), for up to a seventh of a search's work (llama2_70b
+12.5 -> 10.8 s, gemma_7b_tpuv3 2.9 -> 2.0 s).
 
 Pricing: each state is priced from its codes by the shared cost table,
 memoized, a descent step's candidates bounded by their step times and
@@ -163,6 +166,7 @@ class MctsOptions:
     exploration: float = 0.1
     length_bonus: float = 0.01
     patience: int = 6  # a round ends after this many trajectories in a row that did not beat its best
+    round_gain: float = 0.005  # the search ends after a round that lowered the tree's best C(s) by less
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
     jobs: int = 1  # processes pricing a descent step's candidates (`mcts_pricing.Pricing.step`): the same search
@@ -174,6 +178,8 @@ class MctsOptions:
                 raise ValueError(f"MctsOptions.{name} must be at least 1, got {getattr(self, name)}")
         if self.time_limit_s <= 0:
             raise ValueError(f"MctsOptions.time_limit_s must be positive, got {self.time_limit_s}")
+        if not 0 <= self.round_gain < 1:
+            raise ValueError(f"MctsOptions.round_gain must be in [0, 1), got {self.round_gain}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +243,6 @@ class _Mcts(Pricing):
         self.descent_of: dict[tuple[Point, tuple[int, str] | None], tuple[Point, np.ndarray]] = {}
         self.merged = 0
         self.incumbent: Priced | None = None
-        self.incumbent_end: tuple[Point, np.ndarray] | None = None  # where the incumbent's descent ended
         self.polished: set[bytes] = set()  # the codes of the plans the polish moved through (`mcts_polish`)
         self.committed: list[tuple[int, str]] = []  # the (group, axis) of each action a round committed to
 
@@ -409,7 +414,7 @@ class _Mcts(Pricing):
         self.incumbent = self.price(incumbent, codes)
         if self.best[0].rank == self.incumbent.rank:  # the incumbent's plan is the root's
             self.best = (self.incumbent, incumbent, codes)
-        self.incumbent_end = self.descend(incumbent, codes)
+        self.descend(incumbent, codes)
 
     def run(self, incumbent: Point | None = None) -> tuple[int, int, str]:
         o, start = self.options, time.perf_counter()
@@ -444,7 +449,7 @@ class _Mcts(Pricing):
             rounds += 1
             if stopped_by == "time-limit":
                 break
-            if at_start is not None and not tree_best < at_start:
+            if at_start is not None and not _gained(at_start, tree_best, o.round_gain):
                 stopped_by = "no-improvement"
                 break
             # Commit to the root's child that leads to the best state found (not to that state itself:
@@ -465,6 +470,15 @@ class _Mcts(Pricing):
         fits = "fits" if priced.cost.fits else "does not fit"
         return (f"mcts: round {rounds + 1}, {done}/{self.options.iterations} trajectories, "
                 f"best step time {priced.cost.step_time_s:.4g} s ({fits}), {elapsed:.1f} s")
+
+
+def _gained(before: tuple[bool, float], after: tuple[bool, float], share: float) -> bool:
+    """Whether a round took the tree's best rank from `before` to `after`
+    by more than `share` of its C(s), or from a plan that does not fit to
+    one that does (module docstring, "Search")."""
+    if after[0] != before[0]:
+        return after < before
+    return after[1] < before[1] * (1 - share)
 
 
 def solve(space: SearchSpace, table: CostTable, options: MctsOptions | None = None,

@@ -30,19 +30,13 @@ def polish(search: Any) -> int:
     """From the best plan found, per decision: drop it, narrow its level, or
     drop it and refit (`starts`); descend, and move to the end when it ranks
     better, until no move improves or the time limit is spent
-    (`_Mcts.out_of_time`). Then the same from where the incumbent's descent ended
-    (`_Mcts.seed`), where that is another plan: the expert's basin, which
-    the tree may have left for a worse one (llama2_70b: the rounds end in
-    the batch over all three axes, no tensor parallelism, at 8.696 s; the
-    polish from the expert's DP+FSDP+MP+R reaches the heads and the MLP on
-    the model axis at 8.636 s, CP-SAT's optimum 8.603 s). Then the same
-    from a descent from the root that avoids each decision a round committed
-    to (`_Mcts.committed`). Those later polishes start only from a plan
-    within `_SECOND_STARTS_WITHIN` of the best's step time: on the bundled
-    specs every one that improved the answer started within 12% of it (unet
-    11.5%, llama2_70b once 7%), and those from further (mixtral_8x7b 31%
-    and 39%, deepseek_v3_moe 233%, megatron_gpt_18b 37%) found nothing in
-    a fifth to a third of the search (the same answers on 22 of 22 specs
+    (`_Mcts.out_of_time`). Then the same from a descent from the root that
+    avoids each decision a round committed to (`_Mcts.committed`), where it
+    ends within `_SECOND_STARTS_WITHIN` of the best's step time: on the
+    bundled specs every later polish that improved the answer started
+    within 12% of it (unet 11.5%), and those from further (mixtral_8x7b 31%
+    and 39%, deepseek_v3_moe 233%, megatron_gpt_18b 37%) found nothing in a
+    fifth to a third of the search (the same answers on 22 of 22 specs
     without them; mixtral_8x7b's work 19.7 -> 13.5 s, deepseek_v3_moe's
     14.5 -> 9.3 s). Returns the moves tried."""
     if search.best is None:
@@ -54,10 +48,6 @@ def polish(search: Any) -> int:
         return search.price(point, codes).cost.step_time_s <= \
             (1 + _SECOND_STARTS_WITHIN) * search.best[0].cost.step_time_s
 
-    if search.incumbent_end is not None:
-        point, codes = search.incumbent_end
-        if not np.array_equal(codes, search.best[2]) and near(point, codes):
-            tried += _polish_from(search, point, codes)
     # From the root without each decision the rounds committed to: the descents those commitments
     # ruled out (the attention step, seed 0: the batch, then the heads, 18% above the optimum, which
     # shards the head dim alone).
