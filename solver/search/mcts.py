@@ -166,7 +166,7 @@ class MctsOptions:
     exploration: float = 0.1
     length_bonus: float = 0.01
     patience: int = 6  # a round ends after this many trajectories in a row that did not beat its best
-    round_gain: float = 0.005  # the search ends after a round that lowered the tree's best C(s) by less
+    round_gain: float = 0.005  # the search ends after a round that lowered the tree's best C(s) by less than this share
     focus: bool = True  # a descent's later steps try only the actions that improved on the step before
     polish: bool = True  # after the rounds, drop one decision of the best plan and descend again (`_Mcts.polish`)
     jobs: int = 1  # processes pricing a descent step's candidates (`mcts_pricing.Pricing.step`): the same search
