@@ -65,7 +65,8 @@ state is cheapest while it improves, then stop); the tree decides where
 descents start. Megatron needs four colors on the model axis whose subsets
 are worse than sequence sharding, which random completions rarely sample
 and a descent from the right start finds. With it every seed reached the
-optimum. Applying the best *state* as the next root (rather than its
+optimum (on the bundled gemma_2b today, seeds 0 to 3; seed 4 ends 1.0%
+above it). Applying the best *state* as the next root (rather than its
 first action) trapped later rounds in a local optimum, since actions only
 add shardings.
 
@@ -77,10 +78,7 @@ worse alone). docs/search.md ("MCTS") has the measurements behind both.
 Descents are memoized per start state, and per state its valid actions
 and per (state, action) its successor, so revisits cost dict look-ups.
 
-Polish. After the rounds, an iterated local search from the best plan
-(and from descents from the root that avoid each decision a round
-committed to: on the attention step with seed 0 the rounds committed to
-the batch and ended 18% above the optimum, which shards the head dim alone):
+Polish. After the rounds, an iterated local search from the best plan:
 per decision, drop it, set it to a narrower ZeRO level, or drop it and
 refit (below), descend from there, and move to the end when it ranks
 better, until no move improves (`solver.search.mcts_polish`); the moves are tried from
@@ -107,14 +105,17 @@ reaches it. It costs a few memoized descents per decision
 of the answer; the decisions are scanned round, from the one that made the
 last move, and a polish that reaches a plan an earlier one moved through
 stops (unet: 1,036 -> 337 moves, mixtral_8x7b 913 -> 280, the same answers
-within 0.002%). Those from the descents avoiding a committed decision
-start only from plans within 20% of the best's step time
-(`mcts_polish._SECOND_STARTS_WITHIN`). A polish from where the
-incumbent's descent ended, tried as well, improved none of the 22 bundled
-specs' answers, the rounds and the first polish reaching what it once
-found (llama2_70b: the heads and the MLP on the model axis, from the
-expert's DP+FSDP+MP+R), for up to a seventh of a search's work (llama2_70b
-12.5 -> 10.8 s, gemma_7b_tpuv3 2.9 -> 2.0 s).
+within 0.002%). Then descents from the root that avoid each decision a
+round committed to, their ends priced (on the attention step with seed 0
+the rounds committed to the batch and ended 18% above the optimum, which
+shards the head dim alone, and such a descent reaches). Polishing again
+from where the incumbent's descent ended improved none of the 22 bundled
+specs' answers, for 5% of their search work (81.8 -> 77.7 s), and from
+the ends of those descents one (unet, by 0.04%), for 12% (73.9 -> 64.8 s
+with `round_gain`; llama2_70b 10.8 -> 9.1 s, chinchilla_32l_a100 10.6 ->
+7.9 s, unet 6.7 -> 4.6 s): the rounds and the first polish now reach what
+those found (llama2_70b: the heads and the MLP on the model axis, from the
+expert's DP+FSDP+MP+R).
 
 Pricing: each state is priced from its codes by the shared cost table,
 memoized, a descent step's candidates bounded by their step times and

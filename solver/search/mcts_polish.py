@@ -20,8 +20,6 @@ from solver.search.zero import WHOLE
 # The refit: sets of at most _REFIT_SIZE of the _REFIT_ITEMS actions that save the most memory per
 # second added, the _REFIT_TRIES cheapest that save enough applied.
 _REFIT_ITEMS, _REFIT_SIZE, _REFIT_TRIES = 16, 3, 3
-# The polishes after the first start only from plans at most this much slower than the best (`polish`).
-_SECOND_STARTS_WITHIN = 0.2
 
 Pair = tuple[int, str]
 
@@ -30,24 +28,16 @@ def polish(search: Any) -> int:
     """From the best plan found, per decision: drop it, narrow its level, or
     drop it and refit (`starts`); descend, and move to the end when it ranks
     better, until no move improves or the time limit is spent
-    (`_Mcts.out_of_time`). Then the same from a descent from the root that
-    avoids each decision a round committed to (`_Mcts.committed`), where it
-    ends within `_SECOND_STARTS_WITHIN` of the best's step time: on the
-    bundled specs every later polish that improved the answer started
-    within 12% of it (unet 11.5%), and those from further (mixtral_8x7b 31%
-    and 39%, deepseek_v3_moe 233%, megatron_gpt_18b 37%) found nothing in a
-    fifth to a third of the search (the same answers on 22 of 22 specs
-    without them; mixtral_8x7b's work 19.7 -> 13.5 s, deepseek_v3_moe's
-    14.5 -> 9.3 s). Returns the moves tried."""
+    (`_Mcts.out_of_time`). Then a descent from the root that avoids each
+    decision a round committed to (`_Mcts.committed`), its end priced (the
+    best found where it ranks first). Those ends are not polished in turn:
+    on the 22 bundled specs that found one better answer (unet, 0.04%) for
+    an eighth of all their search work (`mcts`, "Polish"). Returns the
+    moves tried."""
     if search.best is None:
         return 0
     _, point, codes = search.best
     tried = _polish_from(search, point, codes)
-
-    def near(point: Point, codes: np.ndarray) -> bool:
-        return search.price(point, codes).cost.step_time_s <= \
-            (1 + _SECOND_STARTS_WITHIN) * search.best[0].cost.step_time_s
-
     # From the root without each decision the rounds committed to: the descents those commitments
     # ruled out (the attention step, seed 0: the batch, then the heads, 18% above the optimum, which
     # shards the head dim alone).
@@ -55,8 +45,8 @@ def polish(search: Any) -> int:
     for pair in dict.fromkeys(search.committed):
         if search.out_of_time():
             break
-        end = search.descend(root, search.codes(root), pair)
-        tried += 1 + (_polish_from(search, *end) if near(*end) else 0)
+        search.price(*search.descend(root, search.codes(root), pair))
+        tried += 1
     return tried
 
 
