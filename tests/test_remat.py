@@ -22,7 +22,7 @@ from ir.nda import analyze
 from ir.ops import verify
 from ir.remat import layer_segments, rematerialize, select_layers
 from solver.plan import Plan
-from solver.planning.planner import plan_spec
+from solver.planning.planner import ALL_LAYERS, plan_spec
 from solver.planning.spec import SpecError, parse_spec
 from solver.search.cpsat import CpSatOptions, solve
 from solver.search.report import NoPlanFits
@@ -183,7 +183,12 @@ def test_the_search_chooses_the_fastest_remat_that_fits_when_memory_binds():
         assert alone.remat == tuple(values) and alone.remat_tried == ()  # a pinned remat is not searched
         pinned[tuple(values)] = alone.assessment.cost.step_time_s
     assert planned.remat == min(pinned, key=pinned.get)
-    assert dict(planned.remat_tried) == {(): None, **pinned}
+    # Memory did not shape every other layer's plan (no memory cut), so every layer is not searched:
+    # recomputing more only adds compute, and its own best plan is no faster.
+    every_other = ("layers.*[02468]",)
+    assert not planned.search[-1].memory_cuts and planned.remat == every_other
+    assert dict(planned.remat_tried) == {(): None, every_other: pinned[every_other]}
+    assert pinned[ALL_LAYERS] >= pinned[every_other]
     # 3.2 MB: the program fits as written. CP-SAT's optimum fits without a memory cut, so it is the
     # best plan whatever the capacity and remat is not tried; the MCTS priced no faster plan that does
     # not fit, so it does not try remat either (its peak is over 80% of the capacity: no matter).
@@ -213,7 +218,8 @@ def test_the_plan_report_lists_the_remat_search(capsys, tmp_path):
     code, out, err = shardplan(capsys, "plan", str(path), "--solver", "mcts", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert [t["remat"] for t in report["remat_search"]] == [[], ["layers.*[02468]"], ["layers.*"]]
+    # Memory did not shape every other layer's plan: every layer is not searched (`_choose_remat`).
+    assert [t["remat"] for t in report["remat_search"]] == [[], ["layers.*[02468]"]]
     assert report["remat_search"][0]["step_time_s"] is None  # nothing fits as written
     kept = [t for t in report["remat_search"] if t["remat"] == report["remat"]]
     assert kept[0]["step_time_s"] == pytest.approx(report["cost"]["step_time_s"], rel=1e-12)
@@ -279,7 +285,8 @@ def test_a_program_that_cannot_fit_is_not_searched_and_nothing_changes(monkeypat
     searches = len(calls)
     monkeypatch.setattr(planner, "unfit", lambda *args: None)
     searched = plan_spec(spec, solver)
-    assert (searches, len(calls) - searches) == (2, 3)  # every other layer and every layer; the first, too
+    # Every other layer (memory did not shape its plan, so not every layer); then the first, too.
+    assert (searches, len(calls) - searches) == (1, 2)
     assert skipped.remat_tried == searched.remat_tried and skipped.remat_tried[0] == ((), None)
     assert skipped.plan == searched.plan and skipped.remat == searched.remat
     assert skipped.assessment.cost.step_time_s == searched.assessment.cost.step_time_s
