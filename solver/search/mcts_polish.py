@@ -45,7 +45,7 @@ def polish(search: Any) -> int:
     for pair in dict.fromkeys(search.committed):
         if search.out_of_time():
             break
-        search.price(*search.descend(root, search.codes(root), pair))
+        search.descend(root, search.codes(root), pair)  # each step's state is priced: its end may be the best
         tried += 1
     return tried
 
