@@ -175,6 +175,34 @@ def test_a_round_that_gains_too_little_ends_the_search():
     assert mcts._gained((False, 1.0), (False, 0.98), 0.01) and not mcts._gained((False, 1.0), (False, 0.995), 0.01)
 
 
+def test_a_later_round_ends_after_patience_trajectories_that_gain_too_little(monkeypatch):
+    """A trajectory of a round after the first counts as progress only where
+    it lowers the tree's best C(s) by more than `round_gain`: with a gain no
+    trajectory reaches, the second round is `patience` trajectories long
+    (judged by the round's own best, it ran 3 to 11 here), while the first
+    round, judged by any gain, is as long as with no such rule."""
+    model, nda, table, space = setup("transformer", dict(layers=2), Mesh.of(batch=2, model=2), slow_hardware(
+        Mesh.of(batch=2, model=2)))
+    rounds: list[int] = []  # per trajectory, the round it ran in (the decisions committed before it)
+    trajectory = mcts._Mcts.trajectory
+
+    def counted(self, root):
+        rank = trajectory(self, root)
+        rounds.append(len(self.committed))
+        return rank
+
+    monkeypatch.setattr(mcts._Mcts, "trajectory", counted)
+    for patience in (2, 3):
+        lengths = {}
+        for gain in (0.0, 0.99):
+            rounds.clear()
+            report = solve(space, table, MctsOptions(iterations=400, seed=1, round_iterations=50, patience=patience,
+                                                     round_gain=gain)).report
+            lengths[gain] = [rounds.count(r) for r in range(report.rounds)]
+        assert len(lengths[0.99]) == 2 and lengths[0.99][1] == patience
+        assert lengths[0.99][0] == lengths[0.0][0] > patience
+
+
 def test_cli_plan_with_mcts_and_auto_tactic(capsys, tmp_path):
     from conftest import shardplan
 
