@@ -179,7 +179,7 @@ def test_a_later_round_ends_after_patience_trajectories_that_gain_too_little(mon
     """A trajectory of a round after the first counts as progress only where
     it lowers the tree's best C(s) by more than `round_gain`: with a gain no
     trajectory reaches, the second round is `patience` trajectories long
-    (judged by the round's own best, it ran 3 to 11 here), while the first
+    (judged by the round's own best, it ran 3 and 11 here), while the first
     round, judged by any gain, is as long as with no such rule."""
     model, nda, table, space = setup("transformer", dict(layers=2), Mesh.of(batch=2, model=2), slow_hardware(
         Mesh.of(batch=2, model=2)))

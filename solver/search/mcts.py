@@ -79,7 +79,8 @@ Budget: a round ends after `patience` trajectories in a row that did not
 beat the tree's best (as above), and a descent's later steps try only the
 actions that improved on the state just left ("don't look bits"; its
 first step tries them all, so a start the tree chose still reaches plans
-whose parts are worse alone). docs/search.md ("MCTS") has the measurements behind both.
+whose parts are worse alone). docs/search.md ("MCTS") has the measurements
+behind both.
 Descents are memoized per start state, and per state its valid actions
 and per (state, action) its successor, so revisits cost dict look-ups.
 
