@@ -1,6 +1,7 @@
 """solver.search.forked: work shared with forked processes (kept open by
 `Helpers`, its items taken as processes come free; one batch by
-`forked_map`), the results in order, a helper's failure raised here."""
+`forked_map`; one result made beside this process by `Beside`), the
+results in order, a helper's failure raised here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from solver.search.forked import Helpers, forked_map, forks
+from solver.search.forked import Beside, Helpers, forked_map, forks
 
 needs_fork = pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
 
@@ -181,3 +182,58 @@ def test_forked_map_raises_when_a_child_dies_rather_than_wait_for_it():
         forked_map(_dies_on_three, 5, 2)
     with pytest.raises(ValueError, match="three is not allowed"):  # an exception comes back as it was
         forked_map(_fails_on_three, 5, 2)
+
+
+def _pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def _pid_met() -> int:
+    _BARRIER[0].wait(timeout=60)
+    return os.getpid()
+
+
+@needs_fork
+def test_beside_works_in_a_child_while_this_process_goes_on():
+    _meet(2)  # a barrier for this process and the child: neither passes it until both are at it
+    with Beside(_pid_met, 2) as beside:
+        here = _pid_met()  # before the result is asked for: the child is at work already
+        there = beside.result()
+    assert here == os.getpid() != there
+    assert Beside(os.getpid, 1).result() == os.getpid()  # one process: here, when asked
+
+
+@needs_fork
+def test_beside_raises_the_childs_failure_and_death_here():
+    with Beside(lambda: _fails_on_three(3), 2) as beside, pytest.raises(ValueError, match="three is not allowed"):
+        beside.result()
+    with Beside(lambda: _dies_on_three(3), 2) as beside, pytest.raises(RuntimeError, match="exit code 9"):
+        beside.result()
+
+
+@needs_fork
+def test_beside_ends_a_child_never_asked():
+    with Beside(lambda: _pid_after(60), 2) as beside:
+        child = beside._process
+    assert not child.is_alive() and beside._process is None
+
+
+@needs_fork
+def test_a_program_prepared_with_two_jobs_is_costed_beside_its_analysis_alike(monkeypatch):
+    """`planner.prepare` with two jobs costs the program on one device in a
+    child while it analyzes it: the same analysis and cost as one process."""
+    from conftest import ROOT
+
+    from solver.planning import planner
+    from solver.planning.spec import load_spec
+
+    spec = load_spec(ROOT / "specs/transformer.yaml")
+    one = planner.prepare(spec, ("layers.*",))
+    costed_here = []
+    evaluate = planner.evaluate
+    monkeypatch.setattr(planner, "evaluate", lambda *a: costed_here.append(os.getpid()) or evaluate(*a))
+    two = planner.prepare(spec, ("layers.*",), jobs=2)
+    assert costed_here == []  # the child's call, recorded in the child
+    assert two.baseline == one.baseline and two.nda.iclasses == one.nda.iclasses
+    assert planner.prepare(spec, ("layers.*",)).baseline == one.baseline and costed_here == [os.getpid()]

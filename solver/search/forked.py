@@ -1,6 +1,7 @@
 """Independent, deterministic work in forked processes: the mesh screen's
 meshes (`solver.planning.mesh_screen`), CP-SAT's re-ranked plans
-(`solver.search.cpsat`), the MCTS's candidates (`Helpers`). A forked child
+(`solver.search.cpsat`), the MCTS's candidates (`Helpers`), a small result
+the planner needs later while it goes on (`Beside`). A forked child
 shares the parent's memory as it is (programs, cost tables, closures)
 without pickling it; only each result comes back."""
 
@@ -149,6 +150,69 @@ class Helpers(Generic[T]):
         self.close()
 
 
+class Beside(Generic[T]):
+    """`work()` in a forked process while this one goes on; `result()` waits
+    for it (once; in a `with` block, which ends the child where it was
+    never asked). For work whose result is small and which only reads what
+    this process holds when it forks: the program's cost on one device
+    while this process analyzes the program (`planner.prepare`). What
+    `work` changes (a cache) stays in the child. Where there is one
+    process, the platform does not fork, or this process is itself a
+    helper (a daemon may not fork), `result()` runs it here."""
+
+    def __init__(self, work: Callable[[], T], processes: int) -> None:
+        self._work = work
+        self._process: Any = None
+        if processes > 1 and "fork" in multiprocessing.get_all_start_methods() \
+                and not multiprocessing.current_process().daemon:
+            context = multiprocessing.get_context("fork")
+            self._conn, theirs = context.Pipe(duplex=False)
+            self._process = context.Process(target=_beside, args=(theirs, work), daemon=True)
+            self._process.start()
+            theirs.close()
+
+    def result(self) -> T:
+        if self._process is None:
+            return self._work()
+        process, self._process = self._process, None
+        try:
+            ok, out = self._conn.recv()
+        except (EOFError, OSError):
+            process.join(timeout=1)
+            raise RuntimeError(f"a process working beside this one ended without answering (exit code "
+                               f"{process.exitcode}; killed for memory?); run with one process (--jobs 1)"
+                               ) from None
+        finally:
+            self._conn.close()
+        process.join()
+        if not ok:
+            raise _raised(*out)
+        return out
+
+    def __enter__(self) -> Beside[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A result never asked for (this process raised first): the child is ended, not left to wait."""
+        if self._process is not None:
+            self._process.terminate()
+            self._process.join()
+            self._conn.close()
+            self._process = None
+
+
+def _beside(conn: Any, work: Callable[[], Any]) -> None:
+    """`Beside`'s child: the result (or the error) out, once."""
+    try:
+        conn.send((True, work()))
+    except Exception as err:  # noqa: BLE001 -- the parent raises it, with the child's traceback
+        text = traceback.format_exc()
+        try:
+            conn.send((False, (err, text)))
+        except Exception:  # noqa: BLE001 -- it does not pickle: its traceback alone
+            conn.send((False, (None, text)))
+
+
 def _take(next_item: Any, items: Sequence[Any], work: Callable[[Any], Any]) -> list[tuple[int, Any]]:
     """(k, work(items[k])) for each item this process takes: the next one no
     process has taken (`next_item`, shared), until none is left."""
@@ -191,4 +255,4 @@ def _raised(error: BaseException | None, text: str) -> BaseException:
     return error
 
 
-__all__ = ["Helpers", "forked_map", "forks"]
+__all__ = ["Beside", "Helpers", "forked_map", "forks"]
