@@ -248,10 +248,21 @@ def ideal_step_time_s(fn: Function, devices: int, hardware: Hardware) -> float:
     """The lower bound: the global program's flops spread evenly over the
     devices, each at its peak for the op's dtype (their sum made once a
     program and device: each search and each plan's report reads it)."""
-    return _IDEAL_SECONDS.get((fn, hardware.device), None, lambda: _one_device_seconds(fn, hardware)) / devices
+    return one_device_seconds(fn, hardware) / devices
 
 
 _IDEAL_SECONDS = Recent(4)
+
+
+def one_device_seconds(fn: Function, hardware: Hardware) -> float:
+    """`ideal_step_time_s` on one device (made once a program and device)."""
+    return _IDEAL_SECONDS.get((fn, hardware.device), None, lambda: _one_device_seconds(fn, hardware))
+
+
+def adopt_one_device_seconds(fn: Function, hardware: Hardware, seconds: float) -> None:
+    """Keep `seconds`, made in another process (a forked child:
+    `solver.planning.planner.prepare`), as `one_device_seconds(fn, hardware)`."""
+    _IDEAL_SECONDS.put((fn, hardware.device), None, seconds)
 
 
 def _one_device_seconds(fn: Function, hardware: Hardware) -> float:

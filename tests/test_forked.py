@@ -236,4 +236,11 @@ def test_a_program_prepared_with_two_jobs_is_costed_beside_its_analysis_alike(mo
     two = planner.prepare(spec, ("layers.*",), jobs=2)
     assert costed_here == []  # the child's call, recorded in the child
     assert two.baseline == one.baseline and two.nda.iclasses == one.nda.iclasses
+    # The child's kernels and one-device seconds, adopted here for the cost table and the search.
+    from costmodel import evaluate as costing
+    from costmodel import fusion
+
+    fn, hardware = two.model.function, spec.hardware_obj()
+    assert fusion._FUSIONS.find((fn,), None) == fusion._fuse(fn)
+    assert costing._IDEAL_SECONDS.find((fn, hardware.device), None) == costing._one_device_seconds(fn, hardware)
     assert planner.prepare(spec, ("layers.*",)).baseline == one.baseline and costed_here == [os.getpid()]

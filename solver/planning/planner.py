@@ -16,7 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.evaluate import Assessment, Cost, evaluate, ideal_step_time_s, min_peak_memory_bytes
+from costmodel.evaluate import (
+    Assessment,
+    Cost,
+    adopt_one_device_seconds,
+    evaluate,
+    ideal_step_time_s,
+    min_peak_memory_bytes,
+    one_device_seconds,
+)
+from costmodel.fusion import Fusion, adopt, fuse
 from costmodel.hardware import Hardware
 from costmodel.pipeline import PipelineCost
 from costmodel.simulate import Timeline, simulate
@@ -121,14 +130,26 @@ def prepare(spec: Spec, remat: tuple[str, ...] = (), built: tuple[Model, float] 
     program built already, and the seconds that took. With `jobs` above 1
     the cost on one device, which needs no analysis, is made in a forked
     process while this one analyzes (llama2_70b recomputed: 1.4 s and
-    0.3 s); its seconds are then the wait for it after the analysis."""
+    0.3 s), with the program's kernels and its flops' seconds on one
+    device, which the cost table and the search read later (0.18 s and
+    0.09 s, adopted here); its seconds are then the wait for it after the
+    analysis."""
     start = time.perf_counter()
     model, build_s = built if built is not None else (spec.build(remat), None)
     built_at = time.perf_counter()
-    with Beside(lambda: evaluate(model.function, spec.hardware_obj()), jobs) as costed:
-        nda = analyze(model.function, model.groupable)
+    fn, hardware = model.function, spec.hardware_obj()
+
+    def costed() -> tuple[Cost, Fusion, float]:
+        # With what that makes and this process reads later: the kernels (the cost table's) and the
+        # flops' seconds on one device (the search's ideal), 0.18 s and 0.09 s on llama2_70b recomputed.
+        return evaluate(fn, hardware), fuse(fn), one_device_seconds(fn, hardware)
+
+    with Beside(costed, jobs) as beside:
+        nda = analyze(fn, model.groupable)
         analyzed = time.perf_counter()
-        baseline = costed.result()
+        baseline, fusion, seconds = beside.result()
+    adopt(fn, fusion)
+    adopt_one_device_seconds(fn, hardware, seconds)
     return Prepared(model, nda, baseline, {"build": built_at - start if build_s is None else build_s,
                                            "analysis": analyzed - built_at,
                                            "baseline": time.perf_counter() - analyzed}, remat)
