@@ -36,6 +36,12 @@ class Plan:
         return _MATERIALIZED.get((nda,), self, lambda: materialize(nda, self.mesh, self.decisions,
                                                                    dict(self.resolutions), self.replicated))
 
+    def adopt(self, nda: NDA, sharding: FactorSharding) -> None:
+        """Keep `sharding`, made from this plan and the same program in
+        another process (a forked child: `solver.planning.floor`), as
+        `materialize(nda)`."""
+        _MATERIALIZED.put((nda,), self, sharding)
+
     def with_decisions(self, *decisions: Decision) -> Plan:
         return Plan(self.mesh, self.decisions + decisions, self.resolutions, self.replicated)
 

@@ -11,6 +11,7 @@ from solver.planning.plan_json import plan_report
 from solver.planning.plan_text import format_floor
 from solver.planning.planner import plan_spec, prepare
 from solver.planning.spec import load_spec, parse_spec
+from solver.search.forked import forks
 
 # Megatron on a deep MLP over both axes: even layers by column, odd ones by row (a period of two layers).
 HP4 = """\
@@ -43,6 +44,24 @@ def test_the_floor_prices_every_manual_schedule_as_planned():
         assert expert.peak_memory_bytes == planned.assessment.cost.peak_memory_bytes
         assert expert.fits == planned.assessment.cost.fits
     assert floor.best.step_time_s == min(e.step_time_s for e in floor.experts if e.fits)
+
+
+@pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
+def test_schedules_planned_beside_the_cost_table_price_the_same(monkeypatch):
+    """With two jobs a schedule is planned, and its plan materialized, in a
+    forked child while the table is made: the same floor, and the plans'
+    shardings adopted here (a later `materialize` reads them, not makes them)."""
+    from solver import plan
+
+    spec = parse_spec(HP4, "hp4.yaml")
+    prepared = prepare(spec)
+    one = expert_floor(spec, lambda remat: prepared)
+    prepared = prepare(spec)  # a new program: nothing of it materialized yet
+    two = expert_floor(spec, lambda remat: prepared, jobs=2)
+    assert two == one
+    monkeypatch.setattr(plan, "materialize", lambda *a, **k: pytest.fail("materialized again"))
+    for expert in two.experts:
+        assert expert.plan.materialize(prepared.nda) is not None
 
 
 @pytest.mark.parametrize("solver", ["cpsat", "mcts"])

@@ -202,7 +202,8 @@ def plan_spec(spec: Spec, solver: str = "none", options: LowerOptions | None = N
     if floor and solver != "none" and not any(isinstance(t, Auto) for t in spec.tactics(schedule)) \
             and spec.schedules:
         progress.update("pricing the named schedules (the expert floor)", force=True)
-        experts = expert_floor(spec, programs, options, programs.table, programs.figures, programs.unfit)
+        experts = expert_floor(spec, programs, options, programs.table, programs.figures, programs.unfit,
+                               programs.jobs)
         progress.clear()
     hints = {} if experts is None or experts.best is None else {experts.best.remat: experts.best.plan}
     # The step time a searched plan must beat to be the answer: CP-SAT stops once it proves none can.
