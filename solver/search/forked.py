@@ -155,7 +155,9 @@ class Beside(Generic[T]):
     for it (once; in a `with` block, which ends the child where it was
     never asked). For work whose result is small and which only reads what
     this process holds when it forks: the program's cost on one device
-    while this process analyzes the program (`planner.prepare`). What
+    while this process analyzes the program (`planner.prepare`), a named
+    schedule's plan while it makes the program's cost table
+    (`floor.expert_floor`). What
     `work` changes (a cache) stays in the child. Where there is one
     process, the platform does not fork, or this process is itself a
     helper (a daemon may not fork), `result()` runs it here."""
@@ -206,11 +208,7 @@ def _beside(conn: Any, work: Callable[[], Any]) -> None:
     try:
         conn.send((True, work()))
     except Exception as err:  # noqa: BLE001 -- the parent raises it, with the child's traceback
-        text = traceback.format_exc()
-        try:
-            conn.send((False, (err, text)))
-        except Exception:  # noqa: BLE001 -- it does not pickle: its traceback alone
-            conn.send((False, (None, text)))
+        _send_failure(conn, err)
 
 
 def _take(next_item: Any, items: Sequence[Any], work: Callable[[Any], Any]) -> list[tuple[int, Any]]:
@@ -238,11 +236,17 @@ def _serve(conn: Any, work: Callable[[Any], Any], next_item: Any) -> None:
         try:
             conn.send((True, _take(next_item, items, work)))
         except Exception as err:  # noqa: BLE001 -- the parent raises it, with the helper's traceback
-            text = traceback.format_exc()
-            try:
-                conn.send((False, (err, text)))
-            except Exception:  # noqa: BLE001 -- it does not pickle: its traceback alone
-                conn.send((False, (None, text)))
+            _send_failure(conn, err)
+
+
+def _send_failure(conn: Any, err: Exception) -> None:
+    """What a child raised, and its traceback, out to the parent (`_raised`);
+    called where it was caught."""
+    text = traceback.format_exc()
+    try:
+        conn.send((False, (err, text)))
+    except Exception:  # noqa: BLE001 -- it does not pickle: its traceback alone
+        conn.send((False, (None, text)))
 
 
 def _raised(error: BaseException | None, text: str) -> BaseException:

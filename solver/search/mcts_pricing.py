@@ -92,16 +92,11 @@ the codes, the space and the table alone, and the results are taken in the
 candidates' order, so the course, the memo tables and the answer are those
 of one process; only the time limit can tell them apart. A descent step
 has tens to a couple of hundred candidates of a few milliseconds each, so
-a batch dwarfs the fork (once a search) and the pipe (twice a step). A
-state priced alone (a descent's next state, a step's fastest candidate
-below C) is timed in one process while the other replays its peak
-(`CostTable.peak_bytes`, the peak of the timing's own replay), rather
-than one process idle: mixtral_8x7b's 258 such prices 0.90 -> 0.66 s.
+a batch dwarfs the fork (once a search) and the pipe (twice a step).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
@@ -113,7 +108,7 @@ from costmodel.evaluate import Assessment, Cost, ideal_step_time_s, relative_mem
 from costmodel.table import CostTable
 from ir.core import IRError
 from solver.search.footprints import Footprints
-from solver.search.forked import Helpers, forks
+from solver.search.forked import Helpers
 from solver.search.keys import IClassKeys
 from solver.search.space import Point, SearchSpace
 
@@ -447,18 +442,9 @@ class Pricing:
             key = codes.tobytes()
             if key not in self.prices and key not in todo:
                 todo[key] = (point, codes)
-        if len(todo) == 1 and forks(self.helpers.processes, 2):
-            # One plan (a descent's next state, the step's fastest below C): its times and its peak
-            # replayed side by side, the walk made twice (`CostTable.peak_bytes` is the peak of the
-            # timing's `cost()`), rather than a helper idle while this process prices it whole.
-            ((key, (point, codes)),) = todo.items()
-            self.spent_s += self._task_s["price"]
-            unpeaked, peak = self.helpers.map([("times", codes), ("peak", codes)])
-            self._priced(point, codes, key, dataclasses.replace(unpeaked, peak_memory_bytes=peak))
-        else:
-            for (key, (point, codes)), cost in zip(todo.items(), self.tasks(
-                    [("price", codes) for _, codes in todo.values()])):
-                self._priced(point, codes, key, cost)
+        for (key, (point, codes)), cost in zip(todo.items(), self.tasks(
+                [("price", codes) for _, codes in todo.values()])):
+            self._priced(point, codes, key, cost)
         return [self.prices[codes.tobytes()] for _, codes in states]
 
     def tasks(self, items: list[tuple]) -> list[Any]:
@@ -473,8 +459,7 @@ class Pricing:
         helper: ("codes", point, near): the point's codes (`codes`);
         ("time", codes, below): a state's step time, RT and, where the RT is
         below `below` (a number), its cost, else None, its peak not replayed;
-        ("price", codes): its cost; ("times", codes): that cost with a peak of 0 (`TimedPlan.without_peak`);
-        ("peak", codes): its peak memory alone;
+        ("price", codes): its cost; ("peak", codes): its peak memory alone;
         ("bound", codes): a lower bound of that (`CostTable.peak_lower_bound`);
         ("rough", codes): a lower bound of that one (`CostTable.rough_peak_bound`)."""
         if task[0] == "codes":
@@ -487,8 +472,6 @@ class Pricing:
         if task[0] == "rough":
             return self.table.rough_peak_bound(self.held(task[1]), self.fold, held=True)
         timed = self.table.timed(self.held(task[1]), self.fold, held=True)
-        if task[0] == "times":
-            return timed.without_peak
         if task[0] == "time":
             runtime = Assessment(timed.without_peak, self.baseline, self.ideal_s).relative_runtime
             below = task[2] is not None and runtime < task[2]
