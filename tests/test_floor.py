@@ -53,14 +53,19 @@ def test_schedules_planned_beside_the_cost_table_price_the_same(monkeypatch):
     shardings adopted here (a later `materialize` reads them, not makes them)."""
     from solver import plan
 
-    spec = parse_spec(HP4, "hp4.yaml")
+    # A schedule that cannot be planned (a layer the model lacks) is no floor, beside or not; the others are.
+    bad = "  BAD:\n    tactics:\n      - {manual: {axis: model, values: {\"layers.99.w\": 1}}}\n"
+    spec = parse_spec(HP4.replace("  DP:\n", bad + "  DP:\n"), "hp4.yaml")
     prepared = prepare(spec)
     one = expert_floor(spec, lambda remat: prepared)
     prepared = prepare(spec)  # a new program: nothing of it materialized yet
     two = expert_floor(spec, lambda remat: prepared, jobs=2)
     assert two == one
+    assert [e.schedule for e in two.experts] == ["HP4", "BAD", "DP"]
+    assert "layers.99.w" in two.experts[1].error and two.experts[1].step_time_s is None
+    assert two.experts[0].fits and two.experts[2].fits
     monkeypatch.setattr(plan, "materialize", lambda *a, **k: pytest.fail("materialized again"))
-    for expert in two.experts:
+    for expert in (two.experts[0], two.experts[2]):
         assert expert.plan.materialize(prepared.nda) is not None
 
 

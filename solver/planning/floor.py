@@ -100,16 +100,18 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     no plan of that program fits, else None (`planner.unfit`): a schedule
     of such a program cannot be the floor, so it is not priced (its program
     neither analyzed nor tabulated: llama2_70b's without recomputation,
-    about 4 s) and its `error` says why. With `jobs` above 1, a schedule
-    whose program's cost table is still to make is planned, and its plan
-    materialized, in a forked child while this process makes the table
-    (llama2_70b: 0.4-0.6 s beside 1.1 s; the sharding is adopted here,
-    where the search's incumbent reads it again)."""
+    about 4 s) and its `error` says why. With `jobs` above 1, the schedules
+    of a program whose cost table is still to make are planned, and their
+    plans materialized, in a forked child while this process makes the
+    table (llama2_70b: 0.4-0.6 s beside 1.1 s); the shardings are adopted
+    here, where the search's incumbent reads one again."""
     hardware = spec.hardware_obj()
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
+    schedules = manual_schedules(spec)
+    beside: dict[str, tuple[Plan, FactorSharding] | Exception] = {}  # planned while a table was made
     experts = []
-    for name in manual_schedules(spec):
+    for name in schedules:
         remat = spec.remat(name)
         why = unfit(remat) if unfit is not None and not spec.pipelined else None
         if why is not None:
@@ -117,15 +119,16 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
             continue
         try:
             prepared = prepare(remat)
-            planned = functools.partial(_planned, spec, name, prepared)
-            if spec.pipelined or remat in tables:
-                plan, sharding = planned()
-            else:
-                with Beside(planned, jobs) as beside:
+            if not spec.pipelined and remat not in tables:
+                same = [n for n in schedules if spec.remat(n) == remat]
+                with Beside(functools.partial(_plan_all, spec, same, prepared), jobs) as child:
                     tables[remat] = table(remat, hardware) if table is not None else \
                         CostTable(prepared.model.function, prepared.nda, mesh, hardware)
-                    plan, sharding = beside.result()
-                plan.adopt(prepared.nda, sharding)
+                    beside.update(child.result())
+            made = beside.pop(name) if name in beside else _planned(spec, name, prepared)
+            if isinstance(made, Exception):
+                raise made
+            plan, sharding = made
             if spec.pipelined:
                 if pipeline is not None:
                     step, peak, fits = pipeline(remat, plan, options)
@@ -133,6 +136,7 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
                     cost = pipelined_cost(spec, prepared.model, prepared.nda, plan, hardware, options)
                     step, peak, fits = cost.step_time_s, max(cost.peak_memory_bytes), cost.fits
             else:
+                plan.adopt(prepared.nda, sharding)  # where it was made in a child
                 cost = tables[remat].evaluate(sharding)
                 step, peak, fits = cost.step_time_s, cost.peak_memory_bytes, cost.fits
         except (IRError, SpecError) as exc:  # a schedule that cannot be planned is no floor
@@ -142,6 +146,18 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     fitting = [e for e in experts if e.fits and e.step_time_s is not None and math.isfinite(e.step_time_s)]
     best = min(fitting, key=lambda e: (e.step_time_s, len(e.remat))) if fitting else None
     return Floor(tuple(experts), best)
+
+
+def _plan_all(spec: Spec, names: list[str], prepared: Any) -> dict[str, tuple[Plan, FactorSharding] | Exception]:
+    """`_planned` of each schedule, or what planning it raised (a schedule
+    that cannot be planned is no floor, the others still are)."""
+    out: dict[str, tuple[Plan, FactorSharding] | Exception] = {}
+    for name in names:
+        try:
+            out[name] = _planned(spec, name, prepared)
+        except (IRError, SpecError) as exc:
+            out[name] = exc
+    return out
 
 
 def _planned(spec: Spec, name: str, prepared: Any) -> tuple[Plan, FactorSharding | None]:
