@@ -48,9 +48,10 @@ def test_the_floor_prices_every_manual_schedule_as_planned():
 
 @pytest.mark.skipif(not forks(2, 2), reason="the platform does not fork")
 def test_schedules_planned_beside_the_cost_table_price_the_same(monkeypatch):
-    """With two jobs a schedule is planned, and its plan materialized, in a
-    forked child while the table is made: the same floor, and the plans'
-    shardings adopted here (a later `materialize` reads them, not makes them)."""
+    """With two jobs the schedules are planned, and their plans materialized,
+    in a forked child while the table is made: the same floor, and the
+    plans' shardings adopted here (a later `materialize` reads them, not
+    makes them)."""
     from solver import plan
 
     # A schedule that cannot be planned (a layer the model lacks) is no floor, beside or not; the others are.

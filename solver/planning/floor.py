@@ -109,7 +109,7 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     mesh = spec.sharding_mesh()
     tables: dict[tuple[str, ...], CostTable] = {}
     schedules = manual_schedules(spec)
-    beside: dict[str, tuple[Plan, FactorSharding] | Exception] = {}  # planned while a table was made
+    beside: dict[str, tuple[Plan, FactorSharding | None] | Exception] = {}  # planned while a table was made
     experts = []
     for name in schedules:
         remat = spec.remat(name)
@@ -148,10 +148,10 @@ def expert_floor(spec: Spec, prepare, options: LowerOptions | None = None, table
     return Floor(tuple(experts), best)
 
 
-def _plan_all(spec: Spec, names: list[str], prepared: Any) -> dict[str, tuple[Plan, FactorSharding] | Exception]:
+def _plan_all(spec: Spec, names: list[str], prepared: Any) -> dict[str, tuple[Plan, FactorSharding | None] | Exception]:
     """`_planned` of each schedule, or what planning it raised (a schedule
     that cannot be planned is no floor, the others still are)."""
-    out: dict[str, tuple[Plan, FactorSharding] | Exception] = {}
+    out: dict[str, tuple[Plan, FactorSharding | None] | Exception] = {}
     for name in names:
         try:
             out[name] = _planned(spec, name, prepared)
