@@ -252,7 +252,7 @@ class _Programs:
         self.known = {(p.remat, p.plan, p.microbatches): p for p in known}  # priced elsewhere (`plan_spec`)
         self.models: dict[tuple[str, ...], tuple[Model, float]] = {}  # built, not yet analyzed (`model`)
         self.unfits: dict[tuple[str, ...], str | None] = {}  # why no plan fits, or None (`unfit`)
-        self.jobs = jobs  # processes a program's preparation may use (`prepare`)
+        self.jobs = jobs  # processes a program's preparation and the floor may use (`prepare`, `expert_floor`)
 
     def pipelined(self, remat: tuple[str, ...], plan: Plan,
                   options: LowerOptions | None) -> tuple[Pipeline, PipelineCost]:

@@ -155,12 +155,12 @@ class Beside(Generic[T]):
     for it (once; in a `with` block, which ends the child where it was
     never asked). For work whose result is small and which only reads what
     this process holds when it forks: the program's cost on one device
-    while this process analyzes the program (`planner.prepare`), a named
-    schedule's plan while it makes the program's cost table
-    (`floor.expert_floor`). What
-    `work` changes (a cache) stays in the child. Where there is one
-    process, the platform does not fork, or this process is itself a
-    helper (a daemon may not fork), `result()` runs it here."""
+    while this process analyzes the program (`planner.prepare`), the named
+    schedules' plans while it makes the program's cost table
+    (`floor.expert_floor`). What `work` changes (a cache) stays in the
+    child. Where there is one process, the platform does not fork, or this
+    process is itself a helper (a daemon may not fork), `result()` runs it
+    here."""
 
     def __init__(self, work: Callable[[], T], processes: int) -> None:
         self._work = work
